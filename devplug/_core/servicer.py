@@ -1,0 +1,250 @@
+"""The DevicePlugin and plugin-watcher Registration services of one resource.
+
+Converts protobuf to models and back, and guards every author hook: an exception becomes a
+gRPC status with the message (INTERNAL), is logged with the request, and never ends the process.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import grpc
+
+from devplug import _convert, policies
+from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
+from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
+from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Sequence
+
+    from devplug._core.state import DeviceState, Snapshot
+    from devplug.models import Device
+    from devplug.plugin import DevicePlugin
+
+# The kubelet's default maximum received message size: a larger ListAndWatch message is
+# dropped on its side, so devplug refuses to send it and says why.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+API_VERSION = "v1beta1"
+
+
+@dataclass
+class ServiceStats:
+    """What the kubelet side has been given; read by readiness checks, metrics and debug dumps."""
+
+    streams: int = 0
+    """ListAndWatch streams open now."""
+    lists_sent: int = 0
+    last_sent_version: int = 0
+    last_sent_at: float | None = None
+    """time.monotonic() of the last ListAndWatch message sent."""
+    watcher_status: tuple[bool, str] | None = None
+    """The last NotifyRegistrationStatus (plugin_registered, error) in plugin-watcher mode."""
+    oversized_versions: set[int] = field(default_factory=set)
+
+
+class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
+    """``v1beta1.DevicePlugin`` for one plugin and its device state."""
+
+    def __init__(self, plugin: DevicePlugin, state: DeviceState, log: Any) -> None:
+        self._plugin = plugin
+        self._state = state
+        self._log = log
+        self._resource = plugin.resource_name
+        self._options = _convert.options_to_pb(plugin.options())
+        self._message_cache: tuple[int, pb.ListAndWatchResponse | None] = (-1, None)
+        self._waits: set[anyio.CancelScope] = set()
+        self._closed = False
+        self.stats = ServiceStats()
+
+    def close_streams(self) -> None:
+        """End every ListAndWatch stream now (they never end by themselves), and any new one."""
+        self._closed = True
+        for scope in self._waits:
+            scope.cancel()
+
+    async def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.DevicePluginOptions:
+        # Kubelet >= 1.26 calls this while Register is in flight: answer from a constant.
+        return self._options
+
+    async def ListAndWatch(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        stats = self.stats
+        stats.streams += 1
+        log = self._log.bind(peer=context.peer())
+        log.info("stream_opened")
+        version = 0
+        try:
+            while not self._closed:
+                # The current list at once (version 0 means the plugin has not listed yet),
+                # then each newer version; a burst collapses into its latest snapshot.
+                with anyio.CancelScope() as wait:
+                    self._waits.add(wait)
+                    try:
+                        snapshot = await self._state.newer_than(version)
+                    finally:
+                        self._waits.discard(wait)
+                if wait.cancelled_caught:
+                    break
+                version = snapshot.version
+                message = self._message(snapshot)
+                if message is None:
+                    continue
+                yield message
+                stats.lists_sent += 1
+                stats.last_sent_version = version
+                stats.last_sent_at = time.monotonic()
+                log.debug("devices_sent", version=version, devices=len(snapshot.devices))
+        finally:
+            stats.streams -= 1
+            log.info("stream_closed", last_version=version)
+
+    def _message(self, snapshot: Snapshot) -> pb.ListAndWatchResponse | None:
+        cached_version, cached = self._message_cache
+        if cached_version == snapshot.version:
+            return cached
+        message: pb.ListAndWatchResponse | None = _convert.list_response(snapshot.devices)
+        size = message.ByteSize() if message is not None else 0
+        if size > MAX_MESSAGE_BYTES:
+            if snapshot.version not in self.stats.oversized_versions:
+                self.stats.oversized_versions.add(snapshot.version)
+                self._log.error(
+                    "device_list_too_large",
+                    devices=len(snapshot.devices),
+                    bytes=size,
+                    limit=MAX_MESSAGE_BYTES,
+                    version=snapshot.version,
+                )
+            message = None
+        self._message_cache = (snapshot.version, message)
+        return message
+
+    async def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.PreferredAllocationResponse:
+        by_id = self._state.current.by_id
+        responses = []
+        for creq in request.container_requests:
+            available = list(creq.available_deviceIDs)
+            must_include = list(creq.must_include_deviceIDs)
+            size = creq.allocation_size
+            responses.append(
+                pb.ContainerPreferredAllocationResponse(
+                    deviceIDs=await self._prefer(by_id, available, must_include, size)
+                )
+            )
+        return pb.PreferredAllocationResponse(container_responses=responses)
+
+    async def _prefer(
+        self, by_id: dict[str, Device], available: list[str], must_include: list[str], size: int
+    ) -> list[str]:
+        # Never fail: an admission storm calls this back to back and an error fails the pod.
+        if size >= len(available):
+            return policies.repair((), available, must_include, size)
+        try:
+            choice = await self._plugin.preferred_allocation(
+                [by_id[i] for i in available if i in by_id],
+                [by_id[i] for i in must_include if i in by_id],
+                size,
+            )
+        except Exception as exc:
+            self._log.exception(
+                "preferred_allocation_failed",
+                error=str(exc),
+                available=available,
+                must_include=must_include,
+                size=size,
+            )
+            choice = None
+        if isinstance(choice, str):  # a bare ID would be iterated character by character
+            choice = [choice]
+        result = policies.repair(choice or (), available, must_include, size)
+        if choice is not None and list(choice) != result:
+            self._log.warning("preferred_allocation_repaired", returned=list(choice), sent=result)
+        return result
+
+    def _devices(self, ids: Sequence[str]) -> tuple[list[Device], list[str]]:
+        by_id = self._state.current.by_id
+        unknown = [i for i in ids if i not in by_id]
+        return [by_id[i] for i in ids if i in by_id], unknown
+
+    async def Allocate(
+        self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.AllocateResponse:
+        responses = []
+        for creq in request.container_requests:
+            ids = list(creq.devices_ids)
+            devices, unknown = self._devices(ids)
+            if unknown:
+                await self._reject(context, "allocate", ids, unknown)
+            try:
+                allocation = await self._plugin.allocate(devices)
+                responses.append(_convert.allocation_to_pb(allocation))
+            except Exception as exc:
+                self._log.exception("allocate_failed", devices=ids, error=str(exc))
+                await context.abort(grpc.StatusCode.INTERNAL, f"allocate failed for {ids}: {exc}")
+        return pb.AllocateResponse(container_responses=responses)
+
+    async def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.PreStartContainerResponse:
+        ids = list(request.devices_ids)
+        devices, unknown = self._devices(ids)
+        if unknown:
+            await self._reject(context, "pre_start_container", ids, unknown)
+        try:
+            await self._plugin.pre_start_container(devices)
+        except Exception as exc:
+            self._log.exception("pre_start_container_failed", devices=ids, error=str(exc))
+            await context.abort(grpc.StatusCode.INTERNAL, f"pre_start_container failed for {ids}: {exc}")
+        return pb.PreStartContainerResponse()
+
+    async def _reject(
+        self, context: grpc.aio.ServicerContext[Any, Any], call: str, ids: list[str], unknown: list[str]
+    ) -> None:
+        self._log.warning(f"{call}_unknown_devices", devices=ids, unknown=unknown)
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"unknown device IDs for resource {self._resource}: {', '.join(unknown)}",
+        )
+
+
+class WatcherRegistrationService(reg_pb_grpc.RegistrationServicer):  # type: ignore[misc]
+    """``pluginregistration.Registration``: who this socket is, for the kubelet's plugin watcher."""
+
+    def __init__(self, resource: str, endpoint: str, stats: ServiceStats, log: Any) -> None:
+        self._info = reg_pb.PluginInfo(
+            type="DevicePlugin", name=resource, endpoint=endpoint, supported_versions=[API_VERSION]
+        )
+        self._stats = stats
+        self._log = log
+
+    async def GetInfo(
+        self, request: reg_pb.InfoRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> reg_pb.PluginInfo:
+        return self._info  # the kubelet allows one second
+
+    async def NotifyRegistrationStatus(
+        self, request: reg_pb.RegistrationStatus, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> reg_pb.RegistrationStatusResponse:
+        self._stats.watcher_status = (request.plugin_registered, request.error)
+        if request.plugin_registered:
+            self._log.info("registered", via="watcher")
+        else:
+            self._log.error("registration_rejected", via="watcher", error=request.error)
+        return reg_pb.RegistrationStatusResponse()
+
+
+def add_services(
+    server: grpc.aio.Server, devices: DevicePluginService, watcher: WatcherRegistrationService | None
+) -> None:
+    pb_grpc.add_DevicePluginServicer_to_server(devices, server)
+    if watcher is not None:
+        reg_pb_grpc.add_RegistrationServicer_to_server(watcher, server)

@@ -1,0 +1,123 @@
+"""Socket files: unique names, safe removal, and a gRPC server bound to one of them.
+
+Rules (each one a bug some plugin shipped): one unique file name per server instance; an
+existing file is dial-checked before it is removed; only sockets this process created are
+removed; symlinks are never followed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import socket
+import stat
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import structlog
+
+from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
+from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from devplug.errors import DevplugError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+log = structlog.get_logger(__name__)
+
+# sun_path is 108 bytes on Linux, one of them the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+def unique_socket_name(resource: str) -> str:
+    """``<vendor>-<name>-<random>.sock`` for ``vendor/name``: never the same twice."""
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "-", resource.replace("/", "-")).strip("-.") or "plugin"
+    return f"{base}-{secrets.token_hex(4)}.sock"
+
+
+def is_live_socket(path: Path) -> bool:
+    """True if something accepts connections on the unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        try:
+            probe.connect(os.fspath(path))
+        except OSError:
+            return False
+        return True
+
+
+def claim_path(path: Path) -> None:
+    """Make ``path`` free for a new socket, removing only a dead socket left at it.
+
+    Raises DevplugError if the path is too long for a unix socket, is a symlink or another kind
+    of file, or is a socket someone is serving on.
+    """
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise DevplugError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise DevplugError(f"refusing to use {path}: it is a symlink")
+    if not stat.S_ISSOCK(st.st_mode):
+        raise DevplugError(f"refusing to use {path}: it exists and is not a socket")
+    if is_live_socket(path):
+        raise DevplugError(f"refusing to use {path}: another process is serving on it")
+    log.info("stale_socket_removed", socket=str(path))
+    os.unlink(path)
+
+
+def file_identity(path: Path) -> tuple[int, int, int] | None:
+    """(device, inode, ctime) of ``path`` itself (not a link target), or None if absent."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+class SocketServer:
+    """A grpc.aio server on one socket file it owns; ``stop`` is idempotent."""
+
+    def __init__(self, path: Path, add_services: Callable[[grpc.aio.Server], None]) -> None:
+        self.path = path
+        self._add_services = add_services
+        self._server: grpc.aio.Server | None = None
+        self._identity: tuple[int, int, int] | None = None
+
+    async def start(self) -> None:
+        """Bind, start, and check by dialling back that the socket answers."""
+        claim_path(self.path)
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        self._add_services(server)
+        server.add_insecure_port(f"unix:{self.path}")
+        await server.start()
+        self._server = server
+        self._identity = file_identity(self.path)
+        await self_dial(self.path)
+
+    def alive(self) -> bool:
+        """True while the socket file is still the one this server created."""
+        return self._identity is not None and file_identity(self.path) == self._identity
+
+    async def stop(self, grace: float = 0.5) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace)
+        # Remove the file only if it is still ours: after a kubelet restart the path may be
+        # gone, and a path is never reused, so anything else there is someone else's.
+        if self._identity is not None and file_identity(self.path) == self._identity:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+        self._identity = None
+
+
+async def self_dial(path: Path, timeout: float = 5.0) -> None:
+    """Call GetDevicePluginOptions on ``path`` as the kubelet will during Register."""
+    async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
+        stub: Any = pb_grpc.DevicePluginStub(channel)
+        await stub.GetDevicePluginOptions(pb.Empty(), timeout=timeout, wait_for_ready=True)

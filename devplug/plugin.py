@@ -1,0 +1,85 @@
+"""The class plugin authors subclass.
+
+Who calls what, and when:
+
+* ``watch_devices`` is started once per resource when the resource is served and iterated for
+  as long as it runs. Every item it yields is the *complete* device set; devplug versions it and
+  streams it to the kubelet (and to any other ListAndWatch client).
+* ``allocate`` is called by the kubelet at pod admission, once per container, with the devices it
+  chose (all known to devplug; unknown IDs are rejected before the hook runs).
+* ``preferred_allocation`` is offered to the kubelet only when a subclass overrides it.
+* ``pre_start_container`` is called before every container start only when overridden.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING
+
+import structlog
+
+from devplug.models import ContainerAllocation, Device, PluginOptions
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Sequence
+
+__all__ = ["DevicePlugin"]
+
+
+class DevicePlugin(abc.ABC):
+    """One extended resource (``vendor.com/name``) served to the kubelet.
+
+    Subclasses set :attr:`resource_name` and implement :meth:`watch_devices` and :meth:`allocate`.
+    The options sent to the kubelet follow from which optional hooks are overridden.
+    """
+
+    resource_name: str
+    """The extended resource name, e.g. ``example.com/widget``."""
+
+    @property
+    def log(self) -> structlog.typing.FilteringBoundLogger:
+        """A structlog logger bound to this resource, for use in hooks."""
+        logger: structlog.typing.FilteringBoundLogger = structlog.get_logger("devplug.plugin").bind(
+            resource=self.resource_name
+        )
+        return logger
+
+    @abc.abstractmethod
+    def watch_devices(self) -> AsyncIterator[Sequence[Device]]:
+        """Yield the full device set now, then again whenever it changes.
+
+        Write it as an ``async def`` generator. If it raises, the error is logged, the last
+        yielded set stays in force, and the generator is started again after a back-off. If it
+        returns, the last set stays in force for good.
+        """
+
+    @abc.abstractmethod
+    async def allocate(self, devices: Sequence[Device]) -> ContainerAllocation:
+        """Say what one container gets for ``devices`` (in the kubelet's order).
+
+        Raising fails the pod's admission with the exception's message; the plugin keeps serving.
+        """
+
+    async def preferred_allocation(
+        self, available: Sequence[Device], must_include: Sequence[Device], size: int
+    ) -> Sequence[str] | None:
+        """Choose ``size`` device IDs out of ``available``, including every ``must_include`` one.
+
+        Return ``None`` to use devplug's default choice. Whatever is returned is repaired into a
+        valid choice (exact size, must-include kept, only available IDs), and an exception falls
+        back to the default choice: the kubelet never sees this hook fail.
+        """
+        return None
+
+    async def pre_start_container(self, devices: Sequence[Device]) -> None:  # noqa: B027 - optional hook
+        """Prepare ``devices`` before a container that holds them starts (30 s kubelet timeout)."""
+
+    @classmethod
+    def options(cls) -> PluginOptions:
+        """The options advertised to the kubelet: one per optional hook the class overrides."""
+        return PluginOptions(
+            pre_start_required=cls.pre_start_container is not DevicePlugin.pre_start_container,
+            get_preferred_allocation_available=(
+                cls.preferred_allocation is not DevicePlugin.preferred_allocation
+            ),
+        )

@@ -1,0 +1,138 @@
+"""Runner settings: command line > environment (``DEVPLUG_*``) > config file > defaults.
+
+Backends subclass :class:`Settings` to add their own options; :func:`load_settings` parses any
+subclass the same way. Every field's docstring is its ``--help`` text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, Literal, NoReturn, TypeVar
+
+import yaml
+from pydantic import ValidationError, field_validator
+from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
+
+from devplug.errors import ConfigError
+
+__all__ = ["Settings", "load_settings"]
+
+S = TypeVar("S", bound="Settings")
+
+
+class Settings(BaseSettings):
+    """How a devplug process finds and talks to the kubelet."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DEVPLUG_",
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+    )
+
+    device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    """The kubelet's device-plugin directory (k3s: /var/lib/rancher/k3s/agent/kubelet/device-plugins)."""
+    kubelet_socket: Path | None = None
+    """The kubelet's registration socket; default: kubelet.sock in the device-plugin directory."""
+    registration: Literal["kubelet", "watcher"] = "kubelet"
+    """kubelet: Register on kubelet.sock; watcher: a socket in the plugins_registry directory."""
+    plugins_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    """The kubelet's plugin-watcher directory (registration=watcher)."""
+    endpoint_host_dir: Path | None = None
+    """registration=watcher: the plugins_registry directory as the host sees it, when this process
+    sees it at another path (a container mount); default: let the kubelet use the path it found."""
+    register_timeout: float = 15.0
+    """Seconds one Register call may take (kubelet >= 1.26 dials back within it, 10 s at most)."""
+    retry_initial: float = 0.05
+    """Seconds before the first Register retry; doubles per failure, jittered."""
+    retry_max: float = 10.0
+    """Cap, in seconds, of the delay between Register retries (retries never stop)."""
+    shutdown_grace: float = 0.5
+    """Seconds in-flight RPCs get to finish on shutdown or restart."""
+    log_format: Literal["auto", "json", "console"] = "auto"
+    """auto: JSON when stdout is not a terminal, console otherwise."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Lowest level logged."""
+    metrics_address: str | None = None
+    """HOST:PORT for metrics and probes; off unless set."""
+    config: Path | None = None
+    """A YAML or JSON file of settings (field names as keys); flags and DEVPLUG_* override it."""
+
+    @field_validator("register_timeout", "retry_initial", "retry_max", "shutdown_grace")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be greater than 0")
+        return value
+
+    @property
+    def kubelet_socket_path(self) -> Path:
+        return self.kubelet_socket or self.device_plugin_dir / "kubelet.sock"
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad argument as one line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def load_settings(cls: type[S], argv: list[str] | None = None, *, prog: str | None = None) -> S:
+    """Build ``cls`` from the command line, the environment and the config file.
+
+    ``argv`` defaults to ``sys.argv[1:]``; ``--help`` prints the options and exits 0, an unknown
+    flag exits 2 with one line. Raises ConfigError (one line naming the field) for invalid values
+    or an unreadable config file.
+    """
+    parser = _OneLineParser(prog=prog, description=(cls.__doc__ or "").strip())
+    cli: CliSettingsSource[Any] = CliSettingsSource(
+        cls, root_parser=parser, cli_parse_args=sys.argv[1:] if argv is None else argv, cli_prog_name=prog
+    )
+    cli_values: dict[str, Any] = cli()
+    config = cli_values.get("config") or os.environ.get("DEVPLUG_CONFIG")
+    file_values = _read_config(Path(config)) if config else {}
+    # Keyword arguments beat the environment inside BaseSettings, so a file value is passed
+    # only where no DEVPLUG_* variable sets the field; the command line is passed as is.
+    from_env = {name for name in cls.model_fields if f"DEVPLUG_{name}".upper() in os.environ}
+    merged = {k: v for k, v in file_values.items() if k not in from_env} | cli_values
+    try:
+        return cls(**merged)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc)) from None
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {path}{where}: not valid YAML or JSON") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of settings, got {type(data).__name__}")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line naming the first invalid field and why (the rest are counted)."""
+    errors = exc.errors()
+    first = errors[0]
+    field = ".".join(str(part) for part in first["loc"]) or "settings"
+    message = first["msg"]
+    if first["type"] == "extra_forbidden":
+        message = "unknown setting"
+    text = f"invalid setting {field}: {message}"
+    if first["type"] != "extra_forbidden" and "input" in first:
+        text += f" (got {first['input']!r})"
+    if len(errors) > 1:
+        text += f" (and {len(errors) - 1} more)"
+    return text
