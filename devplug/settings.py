@@ -127,7 +127,7 @@ def describe_validation_error(exc: ValidationError) -> str:
     errors = exc.errors()
     first = errors[0]
     field = ".".join(str(part) for part in first["loc"]) or "settings"
-    message = first["msg"]
+    message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "unknown setting"
     text = f"invalid setting {field}: {message}"

@@ -19,7 +19,13 @@ if TYPE_CHECKING:
 
 
 async def register(
-    kubelet_socket: Path, resource: str, endpoint: str, options: PluginOptions, timeout: float
+    kubelet_socket: Path,
+    resource: str,
+    endpoint: str,
+    options: PluginOptions,
+    timeout: float,
+    *,
+    version: str = API_VERSION,
 ) -> None:
     """Register ``resource`` served at ``endpoint`` (a file name in the kubelet's directory).
 
@@ -29,7 +35,7 @@ async def register(
     Raises RegistrationError with the kubelet's message and the gRPC status code name.
     """
     request = pb.RegisterRequest(
-        version=API_VERSION,
+        version=version,
         endpoint=endpoint,
         resource_name=resource,
         options=_convert.options_to_pb(options),

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator, Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+import sys
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 import anyio
 import structlog
@@ -12,13 +13,16 @@ import structlog
 from devplug._core.backoff import Backoff
 from devplug._core.resource import ResourceRunner, ResourceStatus
 from devplug._core.watch import DirWatcher
+from devplug.errors import ConfigError
+from devplug.logging import configure as configure_logging
 from devplug.plugin import DevicePlugin
-from devplug.settings import Settings
+from devplug.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup, TaskStatus
 
 log = structlog.get_logger("devplug.runner")
+S = TypeVar("S", bound=Settings)
 
 
 @runtime_checkable
@@ -135,7 +139,29 @@ async def serve(plugins: Plugins, settings: Settings | None = None, *, handle_si
     await Runner(plugins, settings).run(handle_signals=handle_signals)
 
 
-def run(plugins: Plugins, settings: Settings | None = None) -> int:
-    """Blocking entry point for a plugin's ``main``: serve until SIGTERM / SIGINT, return 0."""
-    anyio.run(serve, plugins, settings, backend="asyncio")
+def run(
+    plugins: Plugins | Callable[[S], Plugins],
+    settings: S | None = None,
+    *,
+    settings_cls: type[S] = Settings,  # type: ignore[assignment]
+    argv: list[str] | None = None,
+    prog: str | None = None,
+) -> int:
+    """Blocking entry point for a plugin's ``main``: serve until SIGTERM / SIGINT, return 0.
+
+    Without ``settings``, the standard runner options are read from ``argv`` (default
+    ``sys.argv[1:]``), ``DEVPLUG_*`` and ``--config`` into ``settings_cls``, and logging is
+    configured from them; an invalid option prints one line and raises ``SystemExit(2)``.
+    ``plugins`` may be a factory taking the settings (a subclass of :class:`Settings` carries a
+    backend's own options).
+    """
+    if settings is None:
+        try:
+            settings = load_settings(settings_cls, argv, prog=prog)
+        except ConfigError as exc:
+            print(f"{prog or 'devplug'}: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        configure_logging(settings.log_format, settings.log_level)
+    resolved = plugins(settings) if callable(plugins) and not isinstance(plugins, DevicePlugin) else plugins
+    anyio.run(serve, resolved, settings, backend="asyncio")
     return 0

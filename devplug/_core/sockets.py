@@ -95,6 +95,8 @@ class SocketServer:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         self._add_services(server)
         server.add_insecure_port(f"unix:{self.path}")
+        # Only the kubelet (root) should talk to a plugin: 0600 whatever the umask was.
+        os.chmod(self.path, 0o600)
         await server.start()
         self._server = server
         self._identity = file_identity(self.path)

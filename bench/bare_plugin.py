@@ -1,0 +1,51 @@
+"""The floor: a bare grpc.aio DevicePlugin server with no framework, answering what devplug-fake answers.
+
+python bench/bare_plugin.py SOCKET
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from typing import Any
+
+import grpc
+
+from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
+from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+
+
+class Bare(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
+    async def Allocate(self, request: Any, context: Any) -> Any:
+        return pb.AllocateResponse(
+            container_responses=[
+                pb.ContainerAllocateResponse(envs={"FAKE_VISIBLE_DEVICES": ",".join(c.devices_ids)})
+                for c in request.container_requests
+            ]
+        )
+
+    async def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
+        return pb.PreferredAllocationResponse(
+            container_responses=[
+                pb.ContainerPreferredAllocationResponse(
+                    deviceIDs=list(c.available_deviceIDs)[: c.allocation_size]
+                )
+                for c in request.container_requests
+            ]
+        )
+
+
+async def main(path: str) -> None:
+    server = grpc.aio.server()
+    pb_grpc.add_DevicePluginServicer_to_server(Bare(), server)
+    server.add_insecure_port(f"unix:{path}")
+    await server.start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await server.stop(0)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))

@@ -1,0 +1,214 @@
+"""Core runtime benchmarks, measured from the kubelet's side of the socket.
+
+    python bench/core.py [--quick] [--out bench/results-core.json]
+
+The kubelet side (devplug.testing.FakeKubelet and a raw gRPC client) runs in this process; the
+plugin is a separate ``devplug-fake`` process, as on a node. For the Allocate round trip the
+same client also calls a bare grpc.aio server answering the same response (bench/bare_plugin.py)
+so the framework's cost can be read off against the floor. Prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import grpc
+
+from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
+from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from devplug.testing import FakeKubelet
+
+ROOT = Path(__file__).resolve().parent.parent
+RESOURCE = "example.com/fake"
+
+
+def summary(samples_s: list[float], unit: str = "ms") -> dict[str, Any]:
+    scale = {"ms": 1e3, "us": 1e6}[unit]
+    ordered = sorted(samples_s)
+
+    def pct(p: float) -> float:
+        return round(ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))] * scale, 3)
+
+    return {
+        "unit": unit,
+        "runs": len(ordered),
+        "p50": pct(50),
+        "p99": pct(99),
+        "max": round(ordered[-1] * scale, 3),
+        "mean": round(statistics.fmean(ordered) * scale, 3),
+    }
+
+
+def plugin_command(dp_dir: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "devplug_fake",
+        "--device-plugin-dir",
+        str(dp_dir),
+        "--log-level",
+        "warning",
+        *extra,
+    ]
+
+
+async def stop(process: anyio.abc.Process) -> None:
+    process.send_signal(signal.SIGTERM)
+    with anyio.fail_after(5):
+        await process.wait()
+
+
+async def bench_start(workdir: Path, runs: int) -> dict[str, Any]:
+    to_register, to_list = [], []
+    for i in range(runs):
+        dp_dir = workdir / f"start-{i}"
+        async with FakeKubelet(dp_dir) as kubelet:
+            started = time.monotonic()
+            process = await anyio.open_process(plugin_command(dp_dir), stdout=subprocess.DEVNULL)
+            reg = await kubelet.wait_for_registration(RESOURCE, timeout=30)
+            await kubelet.wait_for_devices(RESOURCE, timeout=30)
+            to_list.append(time.monotonic() - started)
+            to_register.append(reg.at - started)
+            await stop(process)
+    return {"start_to_register": summary(to_register), "start_to_first_list": summary(to_list)}
+
+
+async def bench_restarts_and_health(workdir: Path, restarts: int, flips: int) -> dict[str, Any]:
+    dp_dir = workdir / "restarts"
+    state = workdir / "state.json"
+
+    def write_state(unhealthy: bool) -> None:
+        devices = [
+            {"id": f"fake-{i}", "health": "Unhealthy" if unhealthy and i == 0 else "Healthy"}
+            for i in range(8)
+        ]
+        tmp = state.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"devices": devices}))
+        os.replace(tmp, state)
+
+    write_state(False)
+    async with FakeKubelet(dp_dir) as kubelet:
+        process = await anyio.open_process(plugin_command(dp_dir, "--state-file", str(state)))
+        await kubelet.wait_for_registration(RESOURCE, timeout=30)
+        await kubelet.wait_for_devices(RESOURCE, lambda ds: len(ds) == 8, timeout=30)
+        to_register, to_list = [], []
+        for i in range(restarts):
+            before = time.monotonic()
+            await kubelet.restart()
+            reg = await kubelet.wait_for_registration(RESOURCE, count=i + 2)
+            await kubelet.wait_for_devices(RESOURCE, lambda ds: len(ds) == 8)
+            to_list.append(time.monotonic() - before)
+            to_register.append(reg.at - before)
+        health = []
+        for i in range(flips):
+            unhealthy = i % 2 == 0
+            before = time.monotonic()
+            write_state(unhealthy)
+            await kubelet.wait_for_devices(RESOURCE, lambda ds, u=unhealthy: ds[0].healthy is not u)
+            health.append(time.monotonic() - before)
+        await stop(process)
+    return {
+        "kubelet_restart_to_register": summary(to_register),
+        "kubelet_restart_to_first_list": summary(to_list),
+        "health_change_to_kubelet": summary(health),
+    }
+
+
+async def round_trips(socket: Path, calls: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        stub: Any = pb_grpc.DevicePluginStub(channel)
+        ids = [f"fake-{i}" for i in range(8)]
+        for n in (1, 8):
+            request = pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devices_ids=ids[:n])]
+            )
+            preferred = pb.PreferredAllocationRequest(
+                container_requests=[
+                    pb.ContainerPreferredAllocationRequest(available_deviceIDs=ids, allocation_size=n)
+                ]
+            )
+            for name, call, message in (
+                ("allocate", stub.Allocate, request),
+                ("preferred", stub.GetPreferredAllocation, preferred),
+            ):
+                for _ in range(200):  # warm-up
+                    await call(message)
+                samples = []
+                for _ in range(calls):
+                    before = time.perf_counter()
+                    await call(message)
+                    samples.append(time.perf_counter() - before)
+                results[f"{name}_{n}_device{'s' if n > 1 else ''}"] = summary(samples, "us")
+    return results
+
+
+async def bench_round_trips(workdir: Path, calls: int) -> dict[str, Any]:
+    dp_dir = workdir / "rtt"
+    async with FakeKubelet(dp_dir) as kubelet:
+        process = await anyio.open_process(plugin_command(dp_dir, "--count", "8"))
+        reg = await kubelet.wait_for_registration(RESOURCE, timeout=30)
+        await kubelet.wait_for_devices(RESOURCE, timeout=30)
+        devplug_figures = await round_trips(dp_dir / reg.endpoint, calls)
+        await stop(process)
+    bare_socket = workdir / "bare.sock"
+    bare = await anyio.open_process(
+        [sys.executable, str(ROOT / "bench" / "bare_plugin.py"), str(bare_socket)]
+    )
+    with anyio.fail_after(30):
+        while not bare_socket.exists():  # noqa: ASYNC110 - another process creates it
+            await anyio.sleep(0.01)
+    bare_figures = await round_trips(bare_socket, calls)
+    await stop(bare)
+    return {"devplug": devplug_figures, "bare_grpc_aio": bare_figures}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="dpb-", dir="/tmp"))
+    try:
+        quick = args.quick
+        results: dict[str, Any] = {
+            "machine": {
+                "cores": os.cpu_count(),
+                "python": platform.python_version(),
+                "grpcio": grpc.__version__,
+                "platform": platform.platform(),
+            },
+        }
+        results.update(await bench_start(workdir, 5 if quick else 20))
+        results.update(await bench_restarts_and_health(workdir, 20 if quick else 200, 50 if quick else 500))
+        results["round_trip"] = await bench_round_trips(workdir, 300 if quick else 3000)
+        return results
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer runs (a smoke test of the benchmark)")
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    args = parser.parse_args()
+    results = anyio.run(main_async, args, backend="asyncio")
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

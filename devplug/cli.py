@@ -1,0 +1,80 @@
+"""The ``devplug`` command."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import NoReturn
+
+from devplug._core.runner import run
+from devplug.plugin import DevicePlugin
+
+__all__ = ["main"]
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"devplug run: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _load(target: str) -> object:
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        _fail(f"expected MODULE:CLASS, got {target!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        _fail(f"cannot import {module_name}: {exc}")
+    try:
+        obj: object = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        _fail(f"{module_name} has no attribute {attr}")
+    return obj
+
+
+def _cmd_run(target: str, rest: list[str]) -> int:
+    obj = _load(target)
+    if isinstance(obj, type) and issubclass(obj, DevicePlugin):
+        plugin: object = obj()
+    elif isinstance(obj, DevicePlugin):
+        plugin = obj
+    else:
+        _fail(f"{target} is not a DevicePlugin subclass or instance")
+    assert isinstance(plugin, DevicePlugin)
+    return run(plugin, argv=rest, prog=f"devplug run {target}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``devplug`` console script."""
+    args = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="devplug", description="Kubernetes device plugins in async Python.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run_parser = sub.add_parser(
+        "run",
+        help="serve a DevicePlugin class (MODULE:CLASS) to the kubelet",
+        description="Serve MODULE:CLASS with the standard runner options (see --help after the target).",
+        add_help=False,
+    )
+    run_parser.add_argument("target", metavar="MODULE:CLASS")
+    sub.add_parser(
+        "demo",
+        help="watch a fake kubelet and a fake plugin talk: registration, allocation, health, restart",
+    )
+    known, rest = parser.parse_known_args(args)
+    if known.command == "run":
+        return _cmd_run(known.target, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if known.command == "demo":
+        from devplug import _demo
+
+        return _demo.main()
+    parser.error(f"unknown command {known.command}")
+    return 2  # pragma: no cover - parser.error exits
+
+
+if __name__ == "__main__":
+    sys.exit(main())

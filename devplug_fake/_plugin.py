@@ -1,0 +1,133 @@
+"""A fake resource: devices from a count or a live state file, shaped by a fault scenario."""
+
+from __future__ import annotations
+
+import math
+import random
+from contextlib import ExitStack
+from typing import TYPE_CHECKING
+
+import anyio
+import yaml
+from asyncinotify import Inotify, Mask
+from pydantic import ValidationError
+
+from devplug import ContainerAllocation, Device, DevicePlugin, DeviceSpec, Health
+from devplug_fake._config import FakeResource, StateFile
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Sequence
+
+__all__ = ["FakePlugin"]
+
+# Whole-file events only: a write in progress (IN_MODIFY) would be read half-written.
+_STATE_FILE_EVENTS = Mask.CLOSE_WRITE | Mask.MOVED_TO | Mask.DELETE | Mask.MOVED_FROM | Mask.ONLYDIR
+
+
+class FakePlugin(DevicePlugin):
+    """Serves one :class:`FakeResource`."""
+
+    def __init__(self, config: FakeResource) -> None:
+        self.config = config
+        self.resource_name = config.name
+        self._rng = random.Random(config.faults.seed)  # noqa: S311 - replayable faults, not secrets
+        self._calls = 0
+
+    def generated_devices(self) -> list[Device]:
+        k = self.config.numa_nodes
+        return [Device(id=f"fake-{i}", numa_nodes=(i % k,) if k else ()) for i in range(self.config.count)]
+
+    def read_state_file(self) -> list[Device] | None:
+        """The state file's devices, or None (logged) if it is missing or invalid."""
+        path = self.config.state_file
+        assert path is not None
+        try:
+            data = yaml.safe_load(path.read_text())
+            return list(StateFile.model_validate(data).devices)
+        except FileNotFoundError:
+            self.log.warning("state_file_missing", path=str(path))
+        except (OSError, yaml.YAMLError) as exc:
+            self.log.error("state_file_invalid", path=str(path), error=str(exc).splitlines()[0])
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            self.log.error("state_file_invalid", path=str(path), error=f"{where}: {first['msg']}")
+        return None
+
+    def devices_at(self, base: Sequence[Device], t: float) -> list[Device]:
+        """The device set ``t`` seconds after start: base, then the timeline, then the flaps."""
+        devices = {d.id: d for d in base}
+        for change in sorted(self.config.faults.timeline, key=lambda c: c.at):
+            if change.at > t:
+                break
+            for device_id in change.remove:
+                devices.pop(device_id, None)
+            devices.update((d.id, d) for d in change.add)
+        for flap in self.config.faults.health_flaps:
+            if (
+                flap.device in devices
+                and t >= flap.first_at
+                and (t - flap.first_at) % flap.every < flap.down_for
+            ):
+                devices[flap.device] = devices[flap.device].with_health(Health.UNHEALTHY)
+        return list(devices.values())
+
+    def next_change_after(self, t: float) -> float:
+        """When the scenario next changes something (inf: never)."""
+        times = [c.at for c in self.config.faults.timeline if c.at > t]
+        for flap in self.config.faults.health_flaps:
+            if t < flap.first_at:
+                times.append(flap.first_at)
+                continue
+            start = flap.first_at + math.floor((t - flap.first_at) / flap.every) * flap.every
+            times += [x for x in (start + flap.down_for, start + flap.every) if x > t]
+        return min(times, default=math.inf)
+
+    async def watch_devices(self) -> AsyncIterator[Sequence[Device]]:
+        state_file = self.config.state_file
+        with ExitStack() as stack:
+            inotify = None
+            if state_file is not None:
+                # Watch the directory, not the file: editors and atomic writers replace the
+                # file (a rename), and a deleted file can come back.
+                inotify = stack.enter_context(Inotify())
+                state_file.parent.mkdir(parents=True, exist_ok=True)
+                inotify.add_watch(state_file.parent, _STATE_FILE_EVENTS)
+            # With a state file, its devices (none until it is valid) replace the generated ones.
+            base = (self.read_state_file() or []) if state_file else self.generated_devices()
+            start = anyio.current_time()
+            while True:
+                now = anyio.current_time() - start
+                yield self.devices_at(base, now)
+                wait = self.next_change_after(now) - now
+                with anyio.move_on_after(max(wait, 0.0)):
+                    if inotify is None or state_file is None:
+                        await anyio.sleep_forever()
+                        continue
+                    while True:
+                        event = await inotify.get()
+                        if event.name is not None and event.name.name == state_file.name:
+                            break
+                    loaded = self.read_state_file()
+                    if loaded is not None:
+                        base = loaded
+                        self.log.info("state_file_applied", devices=len(base))
+
+    async def allocate(self, devices: Sequence[Device]) -> ContainerAllocation:
+        faults = self.config.faults
+        self._calls += 1
+        if faults.allocate_latency:
+            await anyio.sleep(faults.allocate_latency)
+        every = faults.allocate_error_every
+        if (every and self._calls % every == 0) or (
+            faults.allocate_error_probability and self._rng.random() < faults.allocate_error_probability
+        ):
+            raise RuntimeError(f"injected allocate error (call {self._calls})")
+        ids = [d.id for d in devices]
+        return ContainerAllocation(
+            envs={"FAKE_VISIBLE_DEVICES": ",".join(ids)},
+            devices=tuple(DeviceSpec.rw("/dev/null", f"/dev/{i}") for i in ids)
+            if self.config.device_specs
+            else (),
+            cdi_devices=tuple(f"{self.resource_name}={i}" for i in ids) if self.config.cdi else (),
+        )

@@ -1,0 +1,100 @@
+"""The devplug command as a real process: registration, signals, bad options."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from devplug.testing import FakeKubelet
+
+pytestmark = pytest.mark.anyio
+ROOT = Path(__file__).resolve().parents[2]
+RESOURCE = "example.com/widget"
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_signal_removes_socket_and_exits_0(short_dir: Path, signum: signal.Signals) -> None:
+    dp = short_dir / "dp"
+    log_path = short_dir / "plugin.log"
+    async with FakeKubelet(dp) as kubelet:
+        with log_path.open("w") as log:
+            process = await anyio.open_process(
+                [
+                    sys.executable,
+                    "-m",
+                    "devplug",
+                    "run",
+                    "tests.support:Widgets",
+                    "--device-plugin-dir",
+                    str(dp),
+                ],
+                cwd=ROOT,
+                env=_env(),
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+            async with process:
+                reg = await kubelet.wait_for_registration(RESOURCE, timeout=10)
+                await kubelet.wait_for_devices(RESOURCE)
+                assert (dp / reg.endpoint).is_socket()
+                process.send_signal(signum)
+                with anyio.fail_after(2):
+                    assert await process.wait() == 0
+        assert not (dp / reg.endpoint).exists()
+        assert kubelet.socket_path.is_socket()  # only its own socket is removed
+    events = [json.loads(line)["event"] for line in log_path.read_text().splitlines()]  # JSON: not a TTY
+    assert events[-1] == "stopped"
+    assert "signal_received" in events
+    assert events.index("registered") < events.index("signal_received")
+
+
+def test_bad_option_exits_2_with_one_line() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "devplug", "run", "tests.support:Widgets", "--retry-max", "-3"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "devplug run tests.support:Widgets: invalid setting retry_max: must be greater than 0 (got '-3')"
+    )
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("tests.support", "expected MODULE:CLASS"),
+        ("no_such_module:X", "cannot import no_such_module"),
+        ("tests.support:Nope", "has no attribute Nope"),
+        ("tests.support:settings_for", "is not a DevicePlugin"),
+    ],
+)
+def test_run_bad_target(target: str, message: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "devplug", "run", target],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,105 @@
+"""Plugins and helpers for the tests (importable by subprocesses as ``tests.support``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+
+import devplug
+from devplug import ContainerAllocation, Device, DevicePlugin, DeviceSpec, Health, Settings
+from devplug._core.runner import Plugins
+
+
+class Widgets(DevicePlugin):
+    """Four widgets by default; tests change the set with :meth:`set_devices`."""
+
+    resource_name = "example.com/widget"
+
+    def __init__(self, resource: str | None = None, devices: Sequence[Device] | None = None) -> None:
+        if resource is not None:
+            self.resource_name = resource
+        self.devices: list[Device] = list(
+            devices if devices is not None else [Device(id=f"w{i}") for i in range(4)]
+        )
+        self._changed = anyio.Event()
+        self.allocations: list[list[str]] = []
+        self.fail_allocate: str | None = None
+
+    def set_devices(self, devices: Sequence[Device]) -> None:
+        self.devices = list(devices)
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    def set_health(self, device_id: str, health: Health) -> None:
+        self.set_devices([d.with_health(health) if d.id == device_id else d for d in self.devices])
+
+    async def watch_devices(self) -> AsyncIterator[Sequence[Device]]:
+        while True:
+            changed = self._changed
+            yield list(self.devices)
+            await changed.wait()
+
+    async def allocate(self, devices: Sequence[Device]) -> ContainerAllocation:
+        ids = [d.id for d in devices]
+        self.allocations.append(ids)
+        if self.fail_allocate:
+            raise RuntimeError(self.fail_allocate)
+        return ContainerAllocation(
+            envs={"WIDGETS": ",".join(ids)},
+            devices=tuple(DeviceSpec.rw("/dev/null", f"/dev/{i}") for i in ids),
+            cdi_devices=tuple(f"example.com/widget={i}" for i in ids),
+        )
+
+
+class PickyWidgets(Widgets):
+    """Offers preferred allocation and pre-start; both can be made to misbehave."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.preferred_answer: list[str] | Exception | None = None
+        self.pre_started: list[list[str]] = []
+
+    async def preferred_allocation(
+        self, available: Sequence[Device], must_include: Sequence[Device], size: int
+    ) -> Sequence[str] | None:
+        if isinstance(self.preferred_answer, Exception):
+            raise self.preferred_answer
+        if self.preferred_answer is not None:
+            return self.preferred_answer
+        return [d.id for d in reversed(available)][:size]  # deliberately not the default order
+
+    async def pre_start_container(self, devices: Sequence[Device]) -> None:
+        self.pre_started.append([d.id for d in devices])
+
+
+def settings_for(directory: Path, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "device_plugin_dir": directory / "device-plugins",
+        "plugins_registry_dir": directory / "plugins_registry",
+        "retry_initial": 0.02,
+        "retry_max": 0.2,
+        "shutdown_grace": 0.2,
+    }
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def serving(plugins: Plugins, settings: Settings) -> AsyncIterator[devplug.Runner]:
+    """Run devplug in the background of a test; cancelled (as on SIGTERM) on exit."""
+    runner = devplug.Runner(plugins, settings)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: runner.run(handle_signals=False))
+        await runner.wait_started()
+        yield runner
+        tg.cancel_scope.cancel()
+
+
+async def wait_until(predicate: Callable[[], bool]) -> None:
+    """Poll ``predicate`` for up to 5 s (for state with no event to wait on: a file, a log line)."""
+    with anyio.fail_after(5):
+        while not predicate():  # noqa: ASYNC110 - the state polled here has no event
+            await anyio.sleep(0.01)
