@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, TextIO
 
 import anyio
 
+from devplug.logging import configure as configure_logging
+from devplug.models import Health
 from devplug.testing import FakeKubelet
 
 if TYPE_CHECKING:
@@ -29,10 +31,15 @@ RESOURCE = "example.com/fake"
 
 
 class _Narrator:
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO, pace: float) -> None:
         self.out = out
+        self.pace = pace
         self.color = out.isatty() and "NO_COLOR" not in os.environ
         self.started = time.monotonic()
+
+    async def pause(self) -> None:
+        """Give a person watching time to read the last step (timings are taken before it)."""
+        await anyio.sleep(self.pace)
 
     def _paint(self, code: str, text: str) -> str:
         return f"\033[{code}m{text}\033[0m" if self.color else text
@@ -61,8 +68,26 @@ def _write_state(path: Path, devices: list[dict[str, object]]) -> None:
     os.replace(tmp, path)
 
 
-async def _demo(workdir: Path, out: TextIO) -> None:
-    say = _Narrator(out)
+async def _flap_health(
+    kubelet: FakeKubelet, state_file: Path, devices: list[dict[str, object]], say: _Narrator
+) -> None:
+    """fake-2 Unhealthy through the state file, then Healthy again, timed at the kubelet."""
+    for health in ("Unhealthy", "Healthy"):
+        devices[2]["health"] = health
+        changed = time.monotonic()
+        _write_state(state_file, devices)
+        wanted = Health(health)
+        await kubelet.wait_for_devices(RESOURCE, lambda ds: ds[2].health is wanted)  # noqa: B023
+        say.step(
+            f"fake-2 marked {health} in the state file; the kubelet saw it after "
+            f"{(time.monotonic() - changed) * 1000:.1f} ms: allocatable "
+            f"{kubelet.allocatable(RESOURCE)}/{kubelet.capacity(RESOURCE)}"
+        )
+        await say.pause()
+
+
+async def _demo(workdir: Path, out: TextIO, pace: float) -> None:
+    say = _Narrator(out, pace)
     dp_dir = workdir / "device-plugins"
     state_file = workdir / "devices.json"
     devices: list[dict[str, object]] = [
@@ -94,6 +119,7 @@ async def _demo(workdir: Path, out: TextIO) -> None:
                 listed = await kubelet.wait_for_devices(RESOURCE, lambda ds: len(ds) == 4)
                 say.step(f"device list received: capacity {kubelet.capacity(RESOURCE)}")
                 say.detail(_table(listed))
+                await say.pause()
 
                 allocation = await kubelet.allocate(RESOURCE, ["fake-1", "fake-3"])
                 say.step("Allocate(fake-1, fake-3) answered")
@@ -103,24 +129,9 @@ async def _demo(workdir: Path, out: TextIO) -> None:
                     + ", ".join(f"{d.host_path} -> {d.container_path}" for d in allocation.devices)
                 )
                 say.detail(f"cdi: {', '.join(allocation.cdi_devices)}")
+                await say.pause()
 
-                devices[2]["health"] = "Unhealthy"
-                changed = time.monotonic()
-                _write_state(state_file, devices)
-                await kubelet.wait_for_devices(RESOURCE, lambda ds: not ds[2].healthy)
-                say.step(
-                    f"fake-2 marked Unhealthy in the state file; kubelet saw it after "
-                    f"{(time.monotonic() - changed) * 1000:.1f} ms: allocatable "
-                    f"{kubelet.allocatable(RESOURCE)}/{kubelet.capacity(RESOURCE)}"
-                )
-                devices[2]["health"] = "Healthy"
-                changed = time.monotonic()
-                _write_state(state_file, devices)
-                await kubelet.wait_for_devices(RESOURCE, lambda ds: all(d.healthy for d in ds))
-                say.step(
-                    f"fake-2 Healthy again after {(time.monotonic() - changed) * 1000:.1f} ms: allocatable "
-                    f"{kubelet.allocatable(RESOURCE)}/{kubelet.capacity(RESOURCE)}"
-                )
+                await _flap_health(kubelet, state_file, devices, say)
 
                 await kubelet.restart()
                 restarted = time.monotonic()
@@ -131,6 +142,7 @@ async def _demo(workdir: Path, out: TextIO) -> None:
                     f"re-registered on {again.endpoint} after {(again.at - restarted) * 1000:.1f} ms; "
                     f"device list back after {(time.monotonic() - restarted) * 1000:.1f} ms"
                 )
+                await say.pause()
 
                 process.send_signal(signal.SIGTERM)
                 with anyio.fail_after(5):
@@ -141,12 +153,19 @@ async def _demo(workdir: Path, out: TextIO) -> None:
                     raise RuntimeError("the plugin did not shut down cleanly; see its log above")
 
 
-def main(out: TextIO | None = None) -> int:
-    """Run the demo; returns the exit status (0 on success)."""
+def main(out: TextIO | None = None, pace: float | None = None) -> int:
+    """Run the demo; returns the exit status (0 on success).
+
+    ``pace``: seconds to pause after the main steps; default 0.8 on a terminal, 0 otherwise.
+    """
     stream = out or sys.stdout
+    if pace is None:
+        pace = 0.8 if stream.isatty() else 0.0
+    # The fake kubelet logs what it does; the narration says it better here.
+    configure_logging("console", "warning")
     workdir = Path(tempfile.mkdtemp(prefix="devplug-demo-"))
     try:
-        anyio.run(_demo, workdir, stream, backend="asyncio")
+        anyio.run(_demo, workdir, stream, pace, backend="asyncio")
     except Exception as exc:
         print(f"devplug demo failed: {exc}", file=sys.stderr)
         log = workdir / "plugin.log"
