@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 import anyio
@@ -29,19 +30,22 @@ from devplug._core.servicer import (
     WatcherRegistrationService,
     add_services,
 )
-from devplug._core.sockets import SocketServer, file_identity, unique_socket_name
+from devplug._core.sockets import SocketServer, SocketUnavailableError, file_identity, unique_socket_name
 from devplug._core.state import DeviceState
-from devplug.errors import DevplugError, RegistrationError
+from devplug.errors import RegistrationError
 from devplug.models import Device
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+    from pathlib import Path
 
     from devplug._core.watch import DirWatcher
     from devplug.plugin import DevicePlugin
     from devplug.settings import Settings
 
 RestartReason = Literal["start", "kubelet_restarted", "socket_deleted"]
+# Why a registration happened; "watcher": the kubelet's plugin watcher reported success.
+RegistrationReason = Literal["start", "kubelet_restarted", "socket_deleted", "watcher"]
 
 
 @dataclass
@@ -51,10 +55,16 @@ class ResourceStatus:
     resource: str
     socket: str | None = None
     registered: bool = False
-    registrations: list[tuple[float, RestartReason]] = field(default_factory=list)
+    registrations: list[tuple[float, RegistrationReason]] = field(default_factory=list)
     """(time.time(), reason) of every accepted registration."""
     last_error: str | None = None
     stats: ServiceStats = field(default_factory=ServiceStats)
+
+
+def _replaced(path: Path, before: tuple[int, int, int] | None) -> bool | None:
+    """True once ``path`` exists and is not the file it was (None otherwise, to keep waiting)."""
+    current = file_identity(path)
+    return True if current is not None and current != before else None
 
 
 class ResourceRunner:
@@ -120,21 +130,23 @@ class ResourceRunner:
     # -- serving ------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _serving(
-        self, directory_watcher: DirWatcher, endpoint: str | None
-    ) -> AsyncIterator[SocketServer]:
+    async def _serving(self, *, plugin_watcher: bool) -> AsyncIterator[SocketServer]:
         """A fresh server on a new socket name in the watched directory; stopped on exit."""
         name = unique_socket_name(self.plugin.resource_name)
-        path = directory_watcher.path / name
+        path = self.watcher.path / name
         service = DevicePluginService(self.plugin, self.state, self._log.bind(socket=name))
         self.status.stats = service.stats
         watcher_service = None
-        if endpoint is not None:
+        if plugin_watcher:
+            # An empty endpoint tells the kubelet to use this socket at the path it found it;
+            # a container that sees the directory elsewhere says where the host has it.
+            host_dir = self.settings.endpoint_host_dir
             watcher_service = WatcherRegistrationService(
                 self.plugin.resource_name,
-                endpoint.format(name=name),
+                str(host_dir / name) if host_dir is not None else "",
                 service.stats,
                 self._log.bind(socket=name),
+                self._watcher_notified,
             )
         server = SocketServer(path, lambda s: add_services(s, service, watcher_service))
         try:
@@ -155,36 +167,42 @@ class ResourceRunner:
         reason: RestartReason = "start"
         kubelet = self.settings.kubelet_socket_path
         while True:
-            await self._wait_for_kubelet()
+            if file_identity(kubelet) is None:
+                self._log.info("waiting_for_kubelet", kubelet_socket=str(kubelet))
+                await self.watcher.wait_for(lambda: file_identity(kubelet))
             try:
-                async with self._serving(self.watcher, None) as server:
+                async with self._serving(plugin_watcher=False) as server:
                     reason = await self._register_and_watch(server, reason)
-            except DevplugError as exc:
-                # A socket path we may not use (too long, taken): say why and try a new name.
-                self.status.last_error = str(exc)
-                self._log.error("serve_failed", error=str(exc))
-                await anyio.sleep(1.0)
+            except SocketUnavailableError as exc:
+                await self._serve_failed(exc)
                 continue
             event = "kubelet_restarted" if reason == "kubelet_restarted" else "socket_deleted"
-            self._log.info(event, kubelet_socket=str(kubelet))
+            self._log.info(event, kubelet_socket=str(kubelet), socket=self.status.socket)
 
-    async def _wait_for_kubelet(self) -> None:
-        kubelet = self.settings.kubelet_socket_path
-        logged = False
+    async def _run_watcher_mode(self) -> None:
         while True:
-            generation = self.watcher.generation
-            if file_identity(kubelet) is not None:
-                return
-            if not logged:
-                self._log.info("waiting_for_kubelet", kubelet_socket=str(kubelet))
-                logged = True
-            await self.watcher.changed_after(generation)
+            try:
+                async with self._serving(plugin_watcher=True) as server:
+                    # The kubelet finds the socket again after its own restarts: only a deleted
+                    # socket needs a new one.
+                    await self.watcher.wait_for(lambda: None if server.alive() else True)
+            except SocketUnavailableError as exc:
+                await self._serve_failed(exc)
+                continue
+            self._log.info("socket_deleted", socket=self.status.socket)
+
+    async def _serve_failed(self, exc: SocketUnavailableError) -> None:
+        # A socket path that may not be used (too long, taken): say why, then try a new name.
+        self.status.last_error = str(exc)
+        self._log.error("serve_failed", error=str(exc))
+        await anyio.sleep(1.0)
 
     async def _register_and_watch(self, server: SocketServer, reason: RestartReason) -> RestartReason:
         """Register (retrying forever), then wait for the next restart signal and return it."""
         settings = self.settings
         kubelet = settings.kubelet_socket_path
         backoff = Backoff(initial=settings.retry_initial, maximum=settings.retry_max)
+        log = self._log.bind(socket=server.path.name)
         started = time.monotonic()
         while True:
             if not server.alive():
@@ -202,56 +220,32 @@ class ResourceRunner:
             except RegistrationError as exc:
                 delay = backoff.next()
                 self.status.last_error = str(exc)
-                self._log.warning(
+                log.warning(
                     "register_failed",
                     error=str(exc),
                     code=exc.code,
                     attempt=backoff.attempts,
                     retry_in=round(delay, 3),
                 )
-                await self._sleep_unless_kubelet_changes(delay, identity)
+                # Back off, but retry at once when a new kubelet.sock appears.
+                with anyio.move_on_after(delay):
+                    await self.watcher.wait_for(partial(_replaced, kubelet, identity))
         self.status.registered = True
         self.status.last_error = None
         self.status.registrations.append((time.time(), reason))
-        self._log.info("registered", reason=reason, seconds=round(time.monotonic() - started, 4))
-        while True:
-            generation = self.watcher.generation
+        log.info("registered", reason=reason, seconds=round(time.monotonic() - started, 4))
+
+        def restart_reason() -> RestartReason | None:
             if not server.alive():
                 return "socket_deleted"
             if file_identity(kubelet) != identity:
                 return "kubelet_restarted"
-            await self.watcher.changed_after(generation)
+            return None
 
-    async def _sleep_unless_kubelet_changes(
-        self, delay: float, identity: tuple[int, int, int] | None
-    ) -> None:
-        """Back off, but retry at once when a new kubelet.sock appears."""
-        kubelet = self.settings.kubelet_socket_path
-        with anyio.move_on_after(delay):
-            while True:
-                generation = self.watcher.generation
-                current = file_identity(kubelet)
-                if current is not None and current != identity:
-                    return
-                await self.watcher.changed_after(generation)
+        return await self.watcher.wait_for(restart_reason)
 
-    async def _run_watcher_mode(self) -> None:
-        host_dir = self.settings.endpoint_host_dir
-        # "{name}" is filled with the socket's file name; an empty endpoint tells the kubelet
-        # to use the registration socket itself, at the path it found it.
-        endpoint = str(host_dir / "{name}") if host_dir is not None else ""
-        while True:
-            try:
-                async with self._serving(self.watcher, endpoint) as server:
-                    self.status.registrations.append((time.time(), "start"))
-                    while True:
-                        generation = self.watcher.generation
-                        if not server.alive():
-                            break
-                        await self.watcher.changed_after(generation)
-            except DevplugError as exc:
-                self.status.last_error = str(exc)
-                self._log.error("serve_failed", error=str(exc))
-                await anyio.sleep(1.0)
-                continue
-            self._log.info("socket_deleted")
+    def _watcher_notified(self, registered: bool, error: str) -> None:
+        self.status.registered = registered
+        self.status.last_error = error or None
+        if registered:
+            self.status.registrations.append((time.time(), "watcher"))

@@ -20,7 +20,7 @@ from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Callable, Sequence
 
     from devplug._core.state import DeviceState, Snapshot
     from devplug.models import Device
@@ -219,12 +219,20 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
 class WatcherRegistrationService(reg_pb_grpc.RegistrationServicer):  # type: ignore[misc]
     """``pluginregistration.Registration``: who this socket is, for the kubelet's plugin watcher."""
 
-    def __init__(self, resource: str, endpoint: str, stats: ServiceStats, log: Any) -> None:
+    def __init__(
+        self,
+        resource: str,
+        endpoint: str,
+        stats: ServiceStats,
+        log: Any,
+        on_status: Callable[[bool, str], None],
+    ) -> None:
         self._info = reg_pb.PluginInfo(
             type="DevicePlugin", name=resource, endpoint=endpoint, supported_versions=[API_VERSION]
         )
         self._stats = stats
         self._log = log
+        self._on_status = on_status
 
     async def GetInfo(
         self, request: reg_pb.InfoRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -235,6 +243,7 @@ class WatcherRegistrationService(reg_pb_grpc.RegistrationServicer):  # type: ign
         self, request: reg_pb.RegistrationStatus, context: grpc.aio.ServicerContext[Any, Any]
     ) -> reg_pb.RegistrationStatusResponse:
         self._stats.watcher_status = (request.plugin_registered, request.error)
+        self._on_status(request.plugin_registered, request.error)
         if request.plugin_registered:
             self._log.info("registered", via="watcher")
         else:

@@ -49,24 +49,28 @@ def is_live_socket(path: Path) -> bool:
         return True
 
 
+class SocketUnavailableError(DevplugError):
+    """A socket path that may not be used: too long, a symlink, another file, or in use."""
+
+
 def claim_path(path: Path) -> None:
     """Make ``path`` free for a new socket, removing only a dead socket left at it.
 
-    Raises DevplugError if the path is too long for a unix socket, is a symlink or another kind
+    Raises SocketUnavailableError if the path is too long for a unix socket, is a symlink or another kind
     of file, or is a socket someone is serving on.
     """
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-        raise DevplugError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes")
+        raise SocketUnavailableError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes")
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
     if stat.S_ISLNK(st.st_mode):
-        raise DevplugError(f"refusing to use {path}: it is a symlink")
+        raise SocketUnavailableError(f"refusing to use {path}: it is a symlink")
     if not stat.S_ISSOCK(st.st_mode):
-        raise DevplugError(f"refusing to use {path}: it exists and is not a socket")
+        raise SocketUnavailableError(f"refusing to use {path}: it exists and is not a socket")
     if is_live_socket(path):
-        raise DevplugError(f"refusing to use {path}: another process is serving on it")
+        raise SocketUnavailableError(f"refusing to use {path}: another process is serving on it")
     log.info("stale_socket_removed", socket=str(path))
     os.unlink(path)
 

@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 import structlog
 from asyncinotify import Inotify, Mask
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from anyio.abc import TaskStatus
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 _MASK = (
     Mask.CREATE
@@ -53,6 +55,15 @@ class DirWatcher:
         """Return once something in the directory changed after ``generation`` was read."""
         while self.generation <= generation:
             await self._event.wait()
+
+    async def wait_for(self, check: Callable[[], T | None]) -> T:
+        """Run ``check`` now and after every change in the directory until it returns non-None."""
+        while True:
+            generation = self.generation
+            result = check()
+            if result is not None:
+                return result
+            await self.changed_after(generation)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watch until cancelled. The directory is created if missing (as the kubelet would)."""
