@@ -45,6 +45,16 @@ async def test_registers_and_lists_devices(short_dir: Path) -> None:
         assert reg.options == PluginOptions() == await kubelet.get_options(RESOURCE)
 
 
+async def test_state_at_start_is_not_a_restart(short_dir: Path) -> None:
+    settings = settings_for(short_dir)
+    async with FakeKubelet(settings.device_plugin_dir) as kubelet, serving(Widgets(), settings) as runner:
+        await kubelet.wait_for_registration(RESOURCE)
+        await kubelet.wait_for_devices(RESOURCE)
+        await anyio.sleep(0.3)  # time for a spurious restart to show itself
+        assert [r.accepted for r in kubelet.registrations] == [True]
+        assert [reason for _, reason in runner.resources[RESOURCE].registrations] == ["start"]
+
+
 async def test_options_match_in_register_and_get_options(short_dir: Path) -> None:
     settings = settings_for(short_dir)
     async with FakeKubelet(settings.device_plugin_dir) as kubelet, serving(PickyWidgets(), settings):

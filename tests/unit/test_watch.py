@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import anyio
+import pytest
+
+from devplug._core.watch import DirWatcher
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_changes_wake_waiters_and_survive_directory_recreation(short_dir: Path) -> None:
+    watched = short_dir / "dp"
+    watcher = DirWatcher(watched)
+    async with anyio.create_task_group() as tg:
+        await tg.start(watcher.run)
+        assert watched.is_dir()  # created when missing, as the kubelet would
+        with anyio.fail_after(2):
+            gen = watcher.generation
+            (watched / "kubelet.sock").touch()
+            await watcher.changed_after(gen)
+            found = await watcher.wait_for(lambda: (watched / "kubelet.sock").exists() or None)
+            assert found is True
+        # The whole directory removed and made again: watching resumes on the new one.
+        shutil.rmtree(watched)
+        with anyio.fail_after(2):
+            while not watched.is_dir():  # noqa: ASYNC110 - the watcher re-creates it
+                await anyio.sleep(0.01)
+            await anyio.sleep(0.05)
+            gen = watcher.generation
+            (watched / "again").touch()
+            await watcher.changed_after(gen)
+        tg.cancel_scope.cancel()
+
+
+async def test_wait_for_rechecks_state_not_events(short_dir: Path) -> None:
+    watcher = DirWatcher(short_dir)
+    target = short_dir / "x"
+    async with anyio.create_task_group() as tg:
+        await tg.start(watcher.run)
+        target.touch()  # already true before waiting: returns at once, no event needed
+        with anyio.fail_after(1):
+            assert await watcher.wait_for(lambda: target.exists() or None) is True
+        results: list[str] = []
+
+        async def wait_gone() -> None:
+            await watcher.wait_for(lambda: None if target.exists() else True)
+            results.append("gone")
+
+        tg.start_soon(wait_gone)
+        await anyio.sleep(0.05)
+        (short_dir / "unrelated").touch()  # a change that does not satisfy the check
+        await anyio.sleep(0.05)
+        assert results == []
+        os.unlink(target)
+        with anyio.fail_after(1):
+            while not results:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
