@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 from typing import NoReturn
 
+from devplug import _conformance_cli, _inspect
 from devplug._core.runner import run
 from devplug.plugin import DevicePlugin
+from devplug.settings import _OneLineParser
 
 __all__ = ["main"]
 
@@ -50,7 +51,8 @@ def _cmd_run(target: str, rest: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``devplug`` console script."""
     args = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="devplug", description="Kubernetes device plugins in async Python.")
+    # One line and status 2 for a bad argument, in every sub-command (sub-parsers share the class).
+    parser = _OneLineParser(prog="devplug", description="Kubernetes device plugins in async Python.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run_parser = sub.add_parser(
         "run",
@@ -63,15 +65,22 @@ def main(argv: list[str] | None = None) -> int:
         "demo",
         help="watch a fake kubelet and a fake plugin talk: registration, allocation, health, restart",
     )
+    inspect_parser = _inspect.add_parser(sub)
+    conformance_parser = _conformance_cli.add_parser(sub)
     known, rest = parser.parse_known_args(args)
     if known.command == "run":
         return _cmd_run(known.target, rest)
+    if known.command == "conformance":
+        # Everything after the options is the plugin's command line, its own flags included.
+        return _conformance_cli.main(known, conformance_parser)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if known.command == "demo":
         from devplug import _demo
 
         return _demo.main()
+    if known.command == "inspect":
+        return _inspect.main(known, inspect_parser)
     parser.error(f"unknown command {known.command}")
     return 2  # pragma: no cover - parser.error exits
 

@@ -4,12 +4,23 @@
 registrations with the kubelet's texts, dials plugins back, follows their ListAndWatch streams
 and offers the calls the kubelet makes (Allocate, GetPreferredAllocation, PreStartContainer),
 restarts and the plugin-watcher path. The pytest plugin (``devplug.testing.pytest_plugin``,
-loaded automatically) adds a ``fake_kubelet`` fixture.
+loaded automatically) adds a ``fake_kubelet`` fixture. :func:`run_conformance` runs a plugin
+command against a private fake kubelet and checks what the kubelet relies on.
 
 This package talks to plugins only over gRPC: it does not depend on devplug's runtime.
 """
 
 from devplug.testing._kubelet import FakeKubelet
 from devplug.testing._resource import Registration, ResourceView
+from devplug.testing.conformance import CHECKS, CheckResult, CheckStatus, ConformanceReport, run_conformance
 
-__all__ = ["FakeKubelet", "Registration", "ResourceView"]
+__all__ = [
+    "CHECKS",
+    "CheckResult",
+    "CheckStatus",
+    "ConformanceReport",
+    "FakeKubelet",
+    "Registration",
+    "ResourceView",
+    "run_conformance",
+]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -200,12 +201,15 @@ class FakeKubelet(KubeletActions):
             pre_start_required=request.options.pre_start_required,
             get_preferred_allocation_available=request.options.get_preferred_allocation_available,
         )
+        path = join_endpoint(str(self.device_plugin_dir), request.endpoint)
+        # Recorded, not enforced: the kubelet's dial blocks for up to 10 s, so a plugin that
+        # registers first and serves a moment later usually gets away with it.
+        serving = _accepts_connections(path)
         error = validate_register(request.version, resource)
         if error is None:
-            path = join_endpoint(str(self.device_plugin_dir), request.endpoint)
             if not self.sync_register:
                 # Kubelet <= 1.25: answer at once, dial later, and trust RegisterRequest.options.
-                self._record(request, sent_options, None)
+                self._record(request, sent_options, None, serving)
                 if self._manager.task_group is not None:
                     self._manager.task_group.start_soon(self._connect_later, resource, path, sent_options)
                 return pb.Empty()
@@ -215,10 +219,10 @@ class FakeKubelet(KubeletActions):
             except ConnectError as exc:
                 error = str(exc)
             else:
-                self._record(request, sent_options, None)
+                self._record(request, sent_options, None, serving)
                 log.info("registered", resource=resource, endpoint=path)
                 return pb.Empty()
-        self._record(request, sent_options, error)
+        self._record(request, sent_options, error, serving)
         log.info("registration_rejected", resource=resource, endpoint=request.endpoint, error=error)
         # A Go handler returning a plain error: the plugin sees status UNKNOWN with the text.
         await context.abort(grpc.StatusCode.UNKNOWN, error)
@@ -231,7 +235,9 @@ class FakeKubelet(KubeletActions):
         else:
             log.info("registered", resource=resource, endpoint=path)
 
-    def _record(self, request: pb.RegisterRequest, options: PluginOptions, error: str | None) -> None:
+    def _record(
+        self, request: pb.RegisterRequest, options: PluginOptions, error: str | None, serving: bool
+    ) -> None:
         self._manager.record(
             Registration(
                 resource=request.resource_name,
@@ -241,8 +247,24 @@ class FakeKubelet(KubeletActions):
                 accepted=error is None,
                 error=error,
                 via="register",
+                serving_at_register=serving,
             )
         )
+
+
+def _accepts_connections(path: str) -> bool:
+    """Whether something listens on the unix socket ``path`` right now (no waiting, no retry)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        # Non-blocking: a unix connect completes or is refused at once; a full backlog
+        # (EAGAIN) still means a listener is there.
+        probe.setblocking(False)
+        try:
+            probe.connect(path)
+        except BlockingIOError:
+            return True
+        except OSError:  # missing, not a socket, nobody listening, path too long
+            return False
+    return True
 
 
 def _remove_sockets(directory: Path) -> None:

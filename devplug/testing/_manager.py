@@ -6,6 +6,7 @@ they do in the kubelet, so a resource behaves the same whichever way it arrived.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, TypeVar
 
 import anyio
@@ -157,6 +158,7 @@ class DeviceManager:
                         (d.ID, d.health, tuple(n.ID for n in d.topology.nodes)) for d in message.devices
                     ]
                     endpoint.raw_lists.append(devices)
+                    endpoint.received_at.append(time.monotonic())
                     view = self.resources.get(endpoint.resource)
                     if view is not None and view._current is endpoint:
                         view._apply(devices)

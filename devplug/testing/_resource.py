@@ -29,6 +29,10 @@ class Registration:
     versions joined with commas for the watcher. ``options`` are RegisterRequest's for
     ``via="register"`` and GetDevicePluginOptions' for the watcher (defaults when not reached).
     ``error`` is the kubelet's text. ``at`` is ``time.monotonic()`` of the attempt's outcome.
+    ``serving_at_register`` says whether the endpoint socket accepted connections at the moment
+    ``Register`` arrived (``None`` for the watcher, which only dials sockets it found): kubelet
+    >= 1.26 dials the plugin during Register, so a plugin must serve first. The fake kubelet
+    only records this; like the kubelet, it still gives a late server its 10 s dial.
     """
 
     resource: str
@@ -39,6 +43,7 @@ class Registration:
     error: str | None
     via: Literal["register", "watcher"]
     at: float = field(default_factory=time.monotonic)
+    serving_at_register: bool | None = None
 
 
 class Endpoint:
@@ -50,6 +55,9 @@ class Endpoint:
         self.client = client
         self.options = options
         self.raw_lists: list[list[RawDevice]] = []
+        # The stream opens right after the connection is made; when each message arrived.
+        self.connected_at = time.monotonic()
+        self.received_at: list[float] = []
         # Cancelled to end the stream from the kubelet's side (replacement, deregistration,
         # kill_stream); the stream task enters it.
         self.scope = anyio.CancelScope()
@@ -103,6 +111,16 @@ class ResourceView:
     def raw_lists(self) -> list[list[RawDevice]]:
         """Every ListAndWatch message received on the current connection, unvalidated."""
         return self._current.raw_lists
+
+    @property
+    def connected_at(self) -> float:
+        """``time.monotonic()`` when the current connection was made (its ListAndWatch opens then)."""
+        return self._current.connected_at
+
+    @property
+    def received_at(self) -> list[float]:
+        """``time.monotonic()`` of each message in ``raw_lists``, on the current connection."""
+        return self._current.received_at
 
     @property
     def messages(self) -> int:

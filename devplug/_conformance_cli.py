@@ -1,0 +1,130 @@
+"""``devplug conformance -- CMD ...``: run the conformance checks and print their table.
+
+The checks themselves live in :mod:`devplug.testing.conformance`; this only parses the
+arguments and formats the report. Exit status: 0 when no check failed, 1 otherwise, 2 for
+bad arguments (a command that cannot be started included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any, TextIO
+
+import anyio
+
+from devplug.logging import configure as configure_logging
+
+if TYPE_CHECKING:
+    from devplug.testing.conformance import ConformanceReport
+
+_MARK = {"pass": "PASS", "fail": "FAIL", "skip": "SKIP"}
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``conformance`` sub-command to ``sub`` (argparse's sub-parsers) and return its parser."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "conformance",
+        help="run a plugin command against a private fake kubelet and check it (exit 1 on a failure)",
+        description=(
+            "Start CMD against a private fake kubelet and run the conformance checks. The device-plugin "
+            "directory is passed as DEVPLUG_DEVICE_PLUGIN_DIR and replaces a literal {dir} in CMD."
+        ),
+        usage="devplug conformance [options] -- CMD ...",
+    )
+    parser.add_argument(
+        "--resource", metavar="NAME", help="the resource to check (default: the first registered)"
+    )
+    parser.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_positive,
+        default=10.0,
+        help="how long to wait for a registration, at start and after each kubelet restart (default: 10)",
+    )
+    parser.add_argument(
+        "--restarts", metavar="N", type=_count, default=3, help="kubelet restarts in a row (default: 3)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON document")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="also print the end of the plugin's output"
+    )
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the plugin command, after --")
+    return parser
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return value
+
+
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser, out: TextIO | None = None) -> int:
+    """Run ``devplug conformance`` with parsed ``args``; returns the exit status.
+
+    Raises:
+        SystemExit: status 2 for a missing or unstartable command (via ``parser.error``).
+    """
+    from devplug.testing.conformance import run_conformance
+
+    command = list(args.cmd)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        parser.error("no plugin command given (devplug conformance -- CMD ...)")
+    stream = out or sys.stdout
+    # The fake kubelet logs each step; the table says it better. Warnings still show.
+    configure_logging("console", "warning", stream=sys.stderr)
+    try:
+        report = anyio.run(
+            lambda: run_conformance(
+                command, resource=args.resource, timeout=args.timeout, restarts=args.restarts
+            ),
+            backend="asyncio",
+        )
+    except OSError as exc:
+        parser.error(f"cannot start {command[0]}: {exc.strerror or exc}")
+    except KeyboardInterrupt:
+        return 130
+    if args.json:
+        print(json.dumps(report.model_dump(mode="json") | {"passed": report.passed}, indent=2), file=stream)
+    else:
+        print(format_report(report, verbose=args.verbose), file=stream)
+    return 0 if report.passed else 1
+
+
+def format_report(report: ConformanceReport, *, verbose: bool = False) -> str:
+    """The report as a table of check, result and reason, with a summary line."""
+    width = max(len(r.name) for r in report.results)
+    lines = [
+        f"conformance of {' '.join(report.command)}",
+        f"resource: {report.resource or '(none registered)'}",
+        "",
+    ]
+    lines += [f"{_MARK[r.status]}  {r.name.ljust(width)}  {r.reason}" for r in report.results]
+    counts = {status: sum(r.status == status for r in report.results) for status in _MARK}
+    lines += ["", f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped"]
+    if verbose and report.output_tail:
+        lines += [
+            "",
+            "plugin output (last lines):",
+            *(f"  {line}" for line in report.output_tail.splitlines()),
+        ]
+    elif not report.passed and report.output_tail:
+        lines.append("(-v shows the end of the plugin's output)")
+    return "\n".join(lines)

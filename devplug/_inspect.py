@@ -1,0 +1,251 @@
+"""``devplug inspect SOCKET``: talk to any device plugin socket as the kubelet would.
+
+Asks GetDevicePluginOptions, opens ListAndWatch and shows the first list (or, with ``--watch``,
+every list until Ctrl-C / SIGTERM), then makes the calls asked for in the kubelet's order:
+GetPreferredAllocation (admission), Allocate (admission), PreStartContainer (container start).
+Exit status: 0 when everything answered, 1 when the socket or a call failed (one line on
+stderr), 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, TextIO
+
+import anyio
+
+from devplug import _inspect_render as render
+from devplug._inspect_client import InspectError, PluginConnection, SeenDevice, check_socket
+
+if TYPE_CHECKING:
+    from devplug.models import PluginOptions
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``inspect`` sub-command to ``sub`` (argparse's sub-parsers) and return its parser."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "inspect",
+        help="talk to a device plugin socket as the kubelet would: options, devices, calls",
+        description="Talk to any device plugin socket as the kubelet would.",
+    )
+    parser.add_argument("socket", metavar="SOCKET", help="the plugin's unix socket")
+    parser.add_argument("--watch", action="store_true", help="follow ListAndWatch until Ctrl-C / SIGTERM")
+    parser.add_argument(
+        "--allocate", metavar="IDS", type=_ids, help="Allocate these devices to one container"
+    )
+    parser.add_argument(
+        "--preferred",
+        metavar="AVAILABLE",
+        type=_ids,
+        help="GetPreferredAllocation from these available devices",
+    )
+    parser.add_argument(
+        "--must-include", metavar="IDS", type=_ids, default=[], help="devices the choice must include"
+    )
+    parser.add_argument("--size", metavar="N", type=int, help="devices to choose in all (default: 1)")
+    parser.add_argument("--pre-start", metavar="IDS", type=_ids, help="PreStartContainer with these devices")
+    parser.add_argument("--json", action="store_true", help="one JSON document (JSON lines with --watch)")
+    parser.add_argument(
+        "--timeout", metavar="SECONDS", type=_positive, default=5.0, help="deadline of each call (default: 5)"
+    )
+    return parser
+
+
+def _ids(text: str) -> list[str]:
+    ids = [part.strip() for part in text.split(",")]
+    if not all(ids):
+        raise argparse.ArgumentTypeError(f"expected comma-separated device IDs, got {text!r}")
+    return ids
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+    return value
+
+
+def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    # The kubelet's own rules for these requests: what it would never send is a usage error.
+    calls = args.allocate or args.preferred or args.pre_start
+    if args.watch and calls:
+        parser.error("--watch cannot be combined with --allocate, --preferred or --pre-start")
+    if args.preferred is None:
+        if args.must_include or args.size is not None:
+            parser.error("--must-include and --size go with --preferred")
+        return
+    if args.size is None:
+        args.size = max(1, len(args.must_include))
+    missing = [i for i in args.must_include if i not in args.preferred]
+    if missing:
+        parser.error(f"--must-include devices must be among --preferred's: {', '.join(missing)}")
+    if not len(args.must_include) <= args.size <= len(args.preferred) or args.size < 1:
+        parser.error(
+            f"--size must be at least 1 and the number of --must-include devices, and at most the "
+            f"{len(args.preferred)} available (got {args.size})"
+        )
+
+
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser, out: TextIO | None = None) -> int:
+    """Run ``devplug inspect`` with parsed ``args``; returns the exit status.
+
+    Raises:
+        SystemExit: status 2 for arguments the kubelet's rules forbid (via ``parser.error``).
+    """
+    _check(args, parser)
+    stream = out or sys.stdout
+    try:
+        return anyio.run(_inspect, args, stream, backend="asyncio")
+    except InspectError as exc:
+        print(f"devplug inspect: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _inspect(args: argparse.Namespace, out: TextIO) -> int:
+    path = check_socket(args.socket)
+    connection = PluginConnection(path, timeout=args.timeout)
+    try:
+        options = await connection.options()
+        if args.watch:
+            return await _watch(connection, options, args.json, out)
+        devices = await connection.next_list(within=args.timeout)
+        if devices is None:
+            raise InspectError(
+                f"{path}: no ListAndWatch message within {args.timeout:g} s "
+                "(the kubelet shows no capacity until the first list)"
+            )
+        return await _once(connection, options, devices, args, out)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await connection.close()
+
+
+async def _once(
+    connection: PluginConnection,
+    options: PluginOptions,
+    devices: list[SeenDevice],
+    args: argparse.Namespace,
+    out: TextIO,
+) -> int:
+    doc: dict[str, Any] = {
+        "socket": connection.path,
+        "options": render.options_json(options),
+        "devices": render.devices_json(devices),
+    }
+    text = [f"socket: {connection.path}", render.options_text(options), f"devices: {render.summary(devices)}"]
+    text.append(render.table(devices))
+    error: str | None = None
+    try:
+        if args.preferred is not None:
+            if not options.get_preferred_allocation_available:
+                raise InspectError(
+                    "GetPreferredAllocation is not offered (get_preferred_allocation_available=no): "
+                    "the kubelet would not call it"
+                )
+            chosen = await connection.preferred(args.preferred, args.must_include, args.size)
+            doc["preferred"] = {
+                "available": args.preferred,
+                "must_include": args.must_include,
+                "size": args.size,
+                "chosen": chosen,
+            }
+            shown = (
+                "no container response (no preference)" if chosen is None else ", ".join(chosen) or "(none)"
+            )
+            text.append(f"GetPreferredAllocation(size={args.size}): {shown}")
+        if args.allocate is not None:
+            responses = await connection.allocate(args.allocate)
+            doc["allocate"] = {"devices": args.allocate, "container_responses": responses}
+            text.append(f"Allocate({', '.join(args.allocate)}):")
+            text += render.allocation_text(responses)
+            if not responses:
+                error = "Allocate answered no container response (the kubelet would fail the pod)"
+        if args.pre_start is not None and error is None:
+            if not options.pre_start_required:
+                raise InspectError(
+                    "PreStartContainer is not offered (pre_start_required=no): the kubelet would not call it"
+                )
+            await connection.pre_start(args.pre_start)
+            doc["pre_start"] = {"devices": args.pre_start, "ok": True}
+            text.append(f"PreStartContainer({', '.join(args.pre_start)}): ok")
+    except InspectError as exc:
+        error = str(exc)
+    if error is not None:
+        doc["error"] = error
+    print(json.dumps(doc, indent=2) if args.json else "\n".join(text), file=out, flush=True)
+    if error is not None:
+        print(f"devplug inspect: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _watch(connection: PluginConnection, options: PluginOptions, as_json: bool, out: TextIO) -> int:
+    def emit(text: str, doc: dict[str, Any]) -> None:
+        print(json.dumps(doc) if as_json else text, file=out, flush=True)
+
+    emit(
+        f"socket: {connection.path}\n{render.options_text(options)}",
+        {"event": "options", "socket": connection.path, "options": render.options_json(options)},
+    )
+    failure: str | None = None
+    first = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_cancel_on_signal, tg.cancel_scope)
+        tg.start_soon(_warn_if_silent, first, connection.timeout)
+        previous: list[SeenDevice] | None = None
+        seq = 0
+        try:
+            while True:
+                devices = await connection.next_list(within=None)
+                assert devices is not None  # no deadline: a list, or an error
+                first.set()
+                seq += 1
+                now = datetime.now(timezone.utc)
+                changed = render.changes(previous, devices) if previous is not None else ""
+                header = f"{now.astimezone():%H:%M:%S.%f}"[:-3] + f"  list {seq}: {render.summary(devices)}"
+                emit(
+                    f"{header}{'; ' + changed if changed else ''}\n{render.table(devices)}",
+                    {
+                        "event": "list",
+                        "seq": seq,
+                        "time": now.isoformat().replace("+00:00", "Z"),
+                        "devices": render.devices_json(devices),
+                    },
+                )
+                previous = devices
+        except InspectError as exc:
+            failure = str(exc)
+        tg.cancel_scope.cancel()
+    if failure is not None:
+        print(f"devplug inspect: {failure}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
+    # Ctrl-C and SIGTERM end a watch normally (exit 0): following the stream is the point.
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
+
+
+async def _warn_if_silent(first: anyio.Event, after: float) -> None:
+    with anyio.move_on_after(after):
+        await first.wait()
+    if not first.is_set():
+        print(
+            f"devplug inspect: no ListAndWatch message after {after:g} s "
+            "(the kubelet shows no capacity until the first list); still waiting",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -1,0 +1,226 @@
+"""The kubelet's side of one device plugin socket, for ``devplug inspect``.
+
+Works with any plugin, not only devplug's: everything it received is kept as sent (health
+strings included), and every failure is an :class:`InspectError` with one line saying what is
+wrong with the socket, so the command can print it instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import anyio
+import grpc
+
+from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
+from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from devplug.models import PluginOptions
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Sequence
+
+# The kubelet dials without keepalive and with gRPC-Go's default 4 MiB receive limit: a
+# larger ListAndWatch message fails here exactly as it fails there.
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+    ("grpc.enable_http_proxy", 0),
+]
+_MAX_UNIX_PATH = 107  # sun_path is 108 bytes on Linux, one of which is the terminating NUL
+
+
+class InspectError(Exception):
+    """Talking to the socket failed; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class SeenDevice:
+    """One device of a ListAndWatch message, exactly as the plugin sent it."""
+
+    id: str
+    health: str
+    numa_nodes: tuple[int, ...]
+
+    @property
+    def healthy(self) -> bool:
+        """The kubelet's reading: only the exact string ``"Healthy"`` is healthy."""
+        return self.health == "Healthy"
+
+
+def check_socket(path: str) -> str:
+    """Return the absolute path of ``path`` once something is listening on it.
+
+    Raises:
+        InspectError: the path is missing, not a socket, too long, or nobody listens on it.
+    """
+    absolute = os.path.abspath(path)
+    try:
+        mode = os.stat(absolute).st_mode
+    except FileNotFoundError:
+        raise InspectError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise InspectError(f"{path}: cannot stat: {exc.strerror}") from None
+    if not stat.S_ISSOCK(mode):
+        kind = (
+            "a directory" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode) else "no socket"
+        )
+        raise InspectError(f"{path}: not a socket ({kind})")
+    if len(absolute.encode()) > _MAX_UNIX_PATH:
+        raise InspectError(f"{path}: path too long for a unix socket ({len(absolute.encode())} bytes > 107)")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        # A unix connect completes or is refused at once; refused means a stale socket file.
+        probe.setblocking(False)
+        try:
+            probe.connect(absolute)
+        except BlockingIOError:
+            pass  # listening, backlog full
+        except OSError as exc:
+            if exc.errno == errno.ECONNREFUSED:
+                raise InspectError(
+                    f"{path}: nobody is listening on this socket (stale socket file?)"
+                ) from None
+            raise InspectError(f"{path}: cannot connect: {exc.strerror}") from None
+    return absolute
+
+
+class PluginConnection:
+    """A gRPC channel to one plugin socket and the calls the kubelet makes, each with a deadline."""
+
+    def __init__(self, path: str, *, timeout: float) -> None:
+        self.path = path
+        self.timeout = timeout
+        self._channel = grpc.aio.insecure_channel(f"unix:{path}", options=_CHANNEL_OPTIONS)
+        self._stub: Any = pb_grpc.DevicePluginStub(self._channel)
+        self._stream: Any = None
+        self._messages: AsyncIterator[pb.ListAndWatchResponse]
+
+    async def close(self) -> None:
+        """Cancel the ListAndWatch stream, if any, and close the channel."""
+        if self._stream is not None:
+            self._stream.cancel()
+        await self._channel.close(None)
+
+    async def options(self) -> PluginOptions:
+        """GetDevicePluginOptions: the first call, so its failure says what the socket is.
+
+        Raises:
+            InspectError: not gRPC, not the device plugin service, or no answer in time.
+        """
+        try:
+            reply = cast(
+                "pb.DevicePluginOptions",
+                await self._stub.GetDevicePluginOptions(pb.Empty(), timeout=self.timeout),
+            )
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                reason = (
+                    f"no answer to GetDevicePluginOptions within {self.timeout:g} s "
+                    "(not a gRPC server, or a hung one)"
+                )
+            elif code is grpc.StatusCode.UNAVAILABLE:
+                reason = f"does not speak gRPC ({_first_line(exc.details())})"
+            elif code is grpc.StatusCode.UNIMPLEMENTED:
+                reason = (
+                    "speaks gRPC but not the device plugin protocol (GetDevicePluginOptions: UNIMPLEMENTED)"
+                )
+            else:
+                reason = f"GetDevicePluginOptions failed: {_status(exc)}"
+            raise InspectError(f"{self.path}: {reason}") from None
+        return PluginOptions(
+            pre_start_required=reply.pre_start_required,
+            get_preferred_allocation_available=reply.get_preferred_allocation_available,
+        )
+
+    async def next_list(self, *, within: float | None) -> list[SeenDevice] | None:
+        """The next ListAndWatch message (the stream opens on the first call); ``None`` on timeout.
+
+        Raises:
+            InspectError: the stream failed, or the plugin ended it (the kubelet would then mark
+                every device unhealthy).
+        """
+        if self._stream is None:
+            self._stream = self._stub.ListAndWatch(pb.Empty())
+            self._messages = aiter(self._stream)
+        message: pb.ListAndWatchResponse | None = None
+        try:
+            with anyio.move_on_after(within):
+                message = await anext(self._messages)
+        except StopAsyncIteration:
+            raise InspectError(
+                f"{self.path}: the plugin ended ListAndWatch (the kubelet marks every device unhealthy)"
+            ) from None
+        except grpc.aio.AioRpcError as exc:
+            hint = (
+                " (the kubelet drops messages over 4 MiB too)"
+                if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+                else ""
+            )
+            raise InspectError(f"{self.path}: ListAndWatch failed: {_status(exc)}{hint}") from None
+        if message is None:
+            return None
+        return [SeenDevice(d.ID, d.health, tuple(n.ID for n in d.topology.nodes)) for d in message.devices]
+
+    async def allocate(self, device_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """Allocate for one container, as at pod admission; every container response, as sent."""
+        request = pb.AllocateRequest(
+            container_requests=[pb.ContainerAllocateRequest(devices_ids=list(device_ids))]
+        )
+        reply = cast("pb.AllocateResponse", await self._call("Allocate", request))
+        return [_allocation(r) for r in reply.container_responses]
+
+    async def preferred(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str] | None:
+        """GetPreferredAllocation for one container; ``None`` when it answered no container response."""
+        request = pb.PreferredAllocationRequest(
+            container_requests=[
+                pb.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=list(available),
+                    must_include_deviceIDs=list(must_include),
+                    allocation_size=size,
+                )
+            ]
+        )
+        reply = cast("pb.PreferredAllocationResponse", await self._call("GetPreferredAllocation", request))
+        return list(reply.container_responses[0].deviceIDs) if reply.container_responses else None
+
+    async def pre_start(self, device_ids: Sequence[str]) -> None:
+        """PreStartContainer with one container's device IDs."""
+        await self._call("PreStartContainer", pb.PreStartContainerRequest(devices_ids=list(device_ids)))
+
+    async def _call(self, method: str, request: object) -> object:
+        try:
+            return cast("object", await getattr(self._stub, method)(request, timeout=self.timeout))
+        except grpc.aio.AioRpcError as exc:
+            raise InspectError(f"{method} failed: {_status(exc)}") from None
+
+
+def _allocation(message: pb.ContainerAllocateResponse) -> dict[str, Any]:
+    # Plain data, as sent: inspect shows what a plugin answers even where devplug would refuse it.
+    return {
+        "envs": dict(message.envs),
+        "mounts": [
+            {"container_path": m.container_path, "host_path": m.host_path, "read_only": m.read_only}
+            for m in message.mounts
+        ],
+        "devices": [
+            {"container_path": d.container_path, "host_path": d.host_path, "permissions": d.permissions}
+            for d in message.devices
+        ],
+        "annotations": dict(message.annotations),
+        "cdi_devices": [c.name for c in message.cdi_devices],
+    }
+
+
+def _status(exc: grpc.aio.AioRpcError) -> str:
+    return f"{exc.code().name}: {_first_line(exc.details())}"
+
+
+def _first_line(text: str | None) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else "no details"

@@ -1,0 +1,157 @@
+"""Conformance checks: run a plugin command against a private fake kubelet and judge what it does.
+
+Each check is derived from what the kubelet does (docs/kubelet-protocol.md) and from the
+mistakes real plugins made. Plugin authors run them from the command line
+(``devplug conformance -- CMD ...``) or from pytest::
+
+    @pytest.mark.anyio
+    async def test_conformance() -> None:
+        report = await run_conformance([sys.executable, "-m", "my_plugin", "--device-plugin-dir", "{dir}"])
+        assert report.passed, report.failures
+
+The checks assume the plugin's device set does not change while they run (they change nothing
+themselves), and that the plugin registers through ``kubelet.sock`` (not the plugin watcher).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+__all__ = ["CHECKS", "CheckResult", "CheckStatus", "ConformanceReport", "run_conformance"]
+
+CheckStatus = Literal["pass", "fail", "skip"]
+
+CHECKS: Mapping[str, str] = MappingProxyType({
+    "serves_before_registering": "the socket accepts connections when Register arrives (the kubelet dials)",
+    "valid_registration": "Register is accepted: v1beta1, an extended resource name, a bare file name",
+    "consistent_options": "RegisterRequest.options equal GetDevicePluginOptions' reply",
+    "initial_list_at_once": "every ListAndWatch stream gets the current list within 1 s of opening",
+    "full_lists_only": "every message lists the same device IDs (nothing changed them), after restarts too",
+    "exact_health_strings": 'health is exactly "Healthy" or "Unhealthy"',
+    "allocate_one_response": "Allocate answers one container response for one container request",
+    "unknown_ids_rejected": "Allocate of an unknown device ID fails with an error status",
+    "preferred_allocation": "GetPreferredAllocation honours must-include and size (when offered)",
+    "re_registers_after_restart": "the plugin registers again after each kubelet restart",
+    "unique_socket_per_instance": "every registration uses a new socket file name",
+    "socket_removed_on_sigterm": "SIGTERM: the process exits and removes its sockets",
+})  # fmt: skip
+"""Every check's name and what it demands, in report order."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class CheckResult(_Frozen):
+    """The outcome of one check."""
+
+    name: str
+    """One of :data:`CHECKS`."""
+    status: CheckStatus
+    """``"pass"``, ``"fail"``, or ``"skip"`` (not applicable, or an earlier step failed)."""
+    reason: str
+    """One line: what was seen, or why the check could not run."""
+
+
+class ConformanceReport(_Frozen):
+    """Every check's result for one run of a plugin command."""
+
+    command: tuple[str, ...]
+    """The command as started (``{dir}`` substituted)."""
+    resource: str | None
+    """The resource checked (the first one registered unless chosen); ``None`` if none registered."""
+    results: tuple[CheckResult, ...]
+    """One result per check, in the order of :data:`CHECKS`."""
+    output_tail: str = ""
+    """The end of the plugin's stdout and stderr, for finding out why a check failed."""
+
+    @property
+    def passed(self) -> bool:
+        """No check failed (skipped ones do not count)."""
+        return not self.failures
+
+    @property
+    def failures(self) -> tuple[CheckResult, ...]:
+        """The failed checks."""
+        return tuple(r for r in self.results if r.status == "fail")
+
+    def result(self, name: str) -> CheckResult:
+        """The result of check ``name``.
+
+        Raises:
+            KeyError: no such check.
+        """
+        for r in self.results:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+
+async def run_conformance(
+    command: Sequence[str],
+    *,
+    resource: str | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 10.0,
+    restarts: int = 3,
+    directory: Path | str | None = None,
+) -> ConformanceReport:
+    """Start ``command`` against a private fake kubelet, run every check, stop it, report.
+
+    The device-plugin directory is a fresh temporary one, passed to the command as the
+    environment variable ``DEVPLUG_DEVICE_PLUGIN_DIR`` and substituted for every literal
+    ``{dir}`` in its arguments. The fake kubelet behaves like kubelet >= 1.26 (synchronous
+    Register that dials back). The command is stopped with SIGTERM at the end (and killed, with
+    its process group, if it does not exit within 5 s).
+
+    Args:
+        command: the plugin's command line.
+        resource: the resource to check; default: the first one that registers.
+        env: extra environment for the command (on top of this process's).
+        timeout: seconds to wait for the first registration and for each re-registration.
+        restarts: kubelet restarts to survive (at least 1 for the restart checks to run).
+        directory: where to make the temporary directory (default ``/tmp``: unix socket paths
+            are limited to 107 bytes); it is removed afterwards.
+
+    Raises:
+        OSError: the command could not be started (e.g. not found).
+        ValueError: an empty command.
+    """
+    from devplug.testing._conformance import Session
+
+    if not command:
+        raise ValueError("no command to run")
+    root = _make_root(directory)
+    try:
+        dp_dir = root / "dp"
+        argv = tuple(arg.replace("{dir}", str(dp_dir)) for arg in command)
+        environ = {**os.environ, **(env or {}), "DEVPLUG_DEVICE_PLUGIN_DIR": str(dp_dir)}
+        session = Session(argv, environ, dp_dir, root / "plugin.log", resource=resource, timeout=timeout)
+        results = await session.run(restarts=restarts)
+        return ConformanceReport(
+            command=argv,
+            resource=session.resource,
+            results=tuple(
+                CheckResult(name=name, status=results[name][0], reason=results[name][1]) for name in CHECKS
+            ),
+            output_tail=session.plugin.output_tail(),
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _make_root(directory: Path | str | None) -> Path:
+    # /tmp by default, not the (often long) default temporary directory: AF_UNIX paths are
+    # limited to 107 bytes.
+    parent = directory if directory is not None else "/tmp"  # noqa: S108
+    return Path(tempfile.mkdtemp(prefix="dpc-", dir=parent)).absolute()
