@@ -3,13 +3,19 @@
 Subclass :class:`DevicePlugin`, then ``devplug.run(MyPlugin())``: devplug serves it on a unix
 socket, registers it with the kubelet, streams the device list and its health, answers
 allocations, and registers again whenever the kubelet restarts.
+
+Building blocks, each its own module: :mod:`devplug.policies` (preferred-allocation policies),
+:mod:`devplug.topology` (NUMA nodes from sysfs), :mod:`devplug.cdi` (CDI spec files),
+:mod:`devplug.health` (health policy) and :mod:`devplug.checks` (host-path checks).
 """
 
 from __future__ import annotations
 
 from devplug._core.resource import ResourceStatus
 from devplug._core.runner import PluginSource, Runner, run, serve
+from devplug.checks import HostPathError
 from devplug.errors import ConfigError, DevplugError, KubeletError, RegistrationError
+from devplug.health import HealthPolicy, HealthSettings
 from devplug.models import ContainerAllocation, Device, DeviceSpec, Health, Mount, PluginOptions
 from devplug.plugin import DevicePlugin
 from devplug.settings import Settings, load_settings
@@ -24,6 +30,9 @@ __all__ = [
     "DeviceSpec",
     "DevplugError",
     "Health",
+    "HealthPolicy",
+    "HealthSettings",
+    "HostPathError",
     "KubeletError",
     "Mount",
     "PluginOptions",

@@ -103,7 +103,7 @@ async def _demo(workdir: Path, out: TextIO, pace: float) -> None:
             "--device-plugin-dir", str(dp_dir),
             "--resource", RESOURCE,
             "--state-file", str(state_file),
-            "--device-specs", "--cdi",
+            "--device-specs", "--cdi", "--cdi-dir", str(workdir / "cdi"),
             "--log-format", "json",
         ]  # fmt: skip
         with (workdir / "plugin.log").open("w") as log:

@@ -9,6 +9,9 @@ Who calls what, and when:
   chose (all known to devplug; unknown IDs are rejected before the hook runs).
 * ``preferred_allocation`` is offered to the kubelet only when a subclass overrides it.
 * ``pre_start_container`` is called before every container start only when overridden.
+* ``cdi_spec``, when overridden, is called with every new device set before the kubelet sees
+  it (so before the first registration); devplug writes the spec it returns to the CDI
+  directory, where the container runtime resolves the names ``allocate`` returns.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from devplug.models import ContainerAllocation, Device, PluginOptions
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
+    from devplug.cdi import CdiSpec
+
 __all__ = ["DevicePlugin"]
 
 
@@ -35,6 +40,9 @@ class DevicePlugin(abc.ABC):
 
     resource_name: str
     """The extended resource name, e.g. ``example.com/widget``."""
+    remove_cdi_spec_on_stop: bool = False
+    """Remove the file written for :meth:`cdi_spec` when the resource stops. Off by default:
+    containers that restart after the plugin has stopped still need their devices' edits."""
 
     @property
     def log(self) -> structlog.typing.FilteringBoundLogger:
@@ -73,6 +81,21 @@ class DevicePlugin(abc.ABC):
 
     async def pre_start_container(self, devices: Sequence[Device]) -> None:  # noqa: B027 - optional hook
         """Prepare ``devices`` before a container that holds them starts (30 s kubelet timeout)."""
+
+    def cdi_spec(self, devices: Sequence[Device]) -> CdiSpec | None:
+        """The CDI spec for ``devices`` (the complete new set), or None to write none.
+
+        Called only when overridden, with every new device set, before the kubelet sees it.
+        devplug writes the spec atomically as ``<cdi_dir>/<vendor>-<class>.json`` (rewritten
+        only when its content changes). If this raises, the error is logged, the previous file
+        stays, and the devices are still listed.
+        """
+        return None
+
+    @classmethod
+    def writes_cdi_spec(cls) -> bool:
+        """Whether the class overrides :meth:`cdi_spec`."""
+        return cls.cdi_spec is not DevicePlugin.cdi_spec
 
     @classmethod
     def options(cls) -> PluginOptions:

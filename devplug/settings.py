@@ -17,6 +17,7 @@ from pydantic import ValidationError, field_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
 from devplug.errors import ConfigError
+from devplug.health import HealthSettings
 
 __all__ = ["Settings", "load_settings"]
 
@@ -62,6 +63,16 @@ class Settings(BaseSettings):
     """HOST:PORT for metrics and probes; off unless set."""
     config: Path | None = None
     """A YAML or JSON file of settings (field names as keys); flags and DEVPLUG_* override it."""
+    cdi_dir: Path = Path("/var/run/cdi")
+    """Where the CDI specs of plugins that define cdi_spec are written (runtimes read it)."""
+    host_path_check: Literal["off", "warn", "refuse"] = "warn"
+    """Host paths of Allocate's device nodes and mounts that are missing: refuse fails the
+    allocation with the path named, warn logs it, off checks nothing."""
+    host_root: Path = Path("/")
+    """Where this process sees the host's root filesystem (e.g. /host in a container); host
+    paths are checked under it."""
+    health: HealthSettings = HealthSettings()
+    """Health policy thresholds for plugins that use devplug.health (health: in a config file)."""
 
     @field_validator("register_timeout", "retry_initial", "retry_max", "shutdown_grace")
     @classmethod

@@ -6,8 +6,16 @@ to put fake resources next to real ones in a test.
 
 from __future__ import annotations
 
-from devplug_fake._config import DeviceChange, FakeResource, FakeSettings, Faults, HealthFlap, StateFile
-from devplug_fake._plugin import FakePlugin
+from devplug_fake._config import (
+    DeviceChange,
+    FakeResource,
+    FakeSettings,
+    Faults,
+    HealthFlap,
+    Policy,
+    StateFile,
+)
+from devplug_fake._plugin import FakePlugin, PolicyFakePlugin
 
 __all__ = [
     "DeviceChange",
@@ -16,6 +24,8 @@ __all__ = [
     "FakeSettings",
     "Faults",
     "HealthFlap",
+    "Policy",
+    "PolicyFakePlugin",
     "StateFile",
     "main",
 ]

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from devplug import Device, Settings
+from devplug import Device, HealthSettings, Settings
 
-__all__ = ["DeviceChange", "FakeResource", "FakeSettings", "Faults", "HealthFlap", "StateFile"]
+__all__ = ["DeviceChange", "FakeResource", "FakeSettings", "Faults", "HealthFlap", "Policy", "StateFile"]
+
+Policy = Literal["first", "packed", "spread", "numa"]
+"""Preferred-allocation policies of the fake: devplug.policies, grouped by NUMA node."""
 
 
 class _Strict(BaseModel):
@@ -69,9 +73,13 @@ class FakeResource(_Strict):
     device_specs: bool = False
     """Allocate adds /dev/null as /dev/<id> for each device."""
     cdi: bool = False
-    """Allocate adds the CDI device names <name>=<id>."""
+    """Allocate adds the CDI device names <name>=<id>, and their CDI spec is written to cdi_dir."""
     state_file: Path | None = None
     """JSON or YAML {"devices": [...]}: replaces the generated devices, re-read on every change."""
+    policy: Policy | None = None
+    """Offer preferred allocation with this policy (packed and spread group by NUMA node)."""
+    health: HealthSettings | None = None
+    """A health policy between the state file's health values and the kubelet; unset: as written."""
     faults: Faults = Faults()
 
 
@@ -93,9 +101,13 @@ class FakeSettings(Settings):
     device_specs: bool = False
     """Allocate adds /dev/null as /dev/<id> for each device."""
     cdi: bool = False
-    """Allocate adds the CDI device names <resource>=<id>."""
+    """Allocate adds the CDI device names <resource>=<id>; their CDI spec is written to --cdi-dir."""
     state_file: Path | None = None
     """JSON or YAML {"devices": [...]} replacing the generated devices; re-read on every change."""
+    policy: Policy | None = None
+    """Offer preferred allocation: first, packed / spread (by NUMA node) or numa (fewest nodes)."""
+    health_policy: bool = False
+    """Pass the state file's health values through the health policy (the health.* settings)."""
     resources: tuple[FakeResource, ...] = ()
     """Config file only: several resources with fault injection (overrides the options above)."""
 
@@ -111,5 +123,7 @@ class FakeSettings(Settings):
                 device_specs=self.device_specs,
                 cdi=self.cdi,
                 state_file=self.state_file,
+                policy=self.policy,
+                health=self.health if self.health_policy else None,
             ),
         )

@@ -12,20 +12,34 @@ import yaml
 from asyncinotify import Inotify, Mask
 from pydantic import ValidationError
 
-from devplug import ContainerAllocation, Device, DevicePlugin, DeviceSpec, Health
+from devplug import ContainerAllocation, Device, DevicePlugin, DeviceSpec, Health, HealthPolicy, policies
 from devplug_fake._config import FakeResource, StateFile
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
-__all__ = ["FakePlugin"]
+    from devplug.cdi import CdiSpec
+
+__all__ = ["FakePlugin", "PolicyFakePlugin"]
 
 # Whole-file events only: a write in progress (IN_MODIFY) would be read half-written.
 _STATE_FILE_EVENTS = Mask.CLOSE_WRITE | Mask.MOVED_TO | Mask.DELETE | Mask.MOVED_FROM | Mask.ONLYDIR
 
 
 class FakePlugin(DevicePlugin):
-    """Serves one :class:`FakeResource`."""
+    """Serves one :class:`FakeResource`.
+
+    With a ``policy`` configured, ``FakePlugin(config)`` is a :class:`PolicyFakePlugin`: the
+    options sent to the kubelet follow from which hooks a class overrides, so preferred
+    allocation is offered only by the subclass that defines it.
+    """
+
+    # A fake leaves nothing behind: its spec describes devices that exist only while it runs.
+    remove_cdi_spec_on_stop = True
+
+    def __new__(cls, config: FakeResource) -> FakePlugin:
+        with_policy = cls is FakePlugin and config.policy is not None
+        return super().__new__(PolicyFakePlugin if with_policy else cls)
 
     def __init__(self, config: FakeResource) -> None:
         self.config = config
@@ -85,6 +99,8 @@ class FakePlugin(DevicePlugin):
 
     async def watch_devices(self) -> AsyncIterator[Sequence[Device]]:
         state_file = self.config.state_file
+        # The health policy judges the state file's health values: each read is one check.
+        policy = HealthPolicy(self.config.health, log=self.log) if self.config.health and state_file else None
         with ExitStack() as stack:
             inotify = None
             if state_file is not None:
@@ -93,13 +109,21 @@ class FakePlugin(DevicePlugin):
                 inotify = stack.enter_context(Inotify())
                 state_file.parent.mkdir(parents=True, exist_ok=True)
                 inotify.add_watch(state_file.parent, _STATE_FILE_EVENTS)
-            # With a state file, its devices (none until it is valid) replace the generated ones.
-            base = (self.read_state_file() or []) if state_file else self.generated_devices()
             start = anyio.current_time()
+            # With a state file, its devices (none until it is valid) replace the generated ones.
+            base = (
+                self._checked(policy, self.read_state_file(), [], start)
+                if state_file
+                else self.generated_devices()
+            )
             while True:
-                now = anyio.current_time() - start
-                yield self.devices_at(base, now)
+                clock = anyio.current_time()
+                now = clock - start
+                yield self.devices_at(policy.reported(base, clock) if policy else base, now)
                 wait = self.next_change_after(now) - now
+                deadline = policy.next_deadline() if policy else None
+                if deadline is not None:
+                    wait = min(wait, deadline - clock)
                 with anyio.move_on_after(max(wait, 0.0)):
                     if inotify is None or state_file is None:
                         await anyio.sleep_forever()
@@ -109,9 +133,44 @@ class FakePlugin(DevicePlugin):
                         if event.name is not None and event.name.name == state_file.name:
                             break
                     loaded = self.read_state_file()
+                    base = self._checked(policy, loaded, base, anyio.current_time())
                     if loaded is not None:
-                        base = loaded
                         self.log.info("state_file_applied", devices=len(base))
+
+    def _checked(
+        self, policy: HealthPolicy | None, loaded: list[Device] | None, base: list[Device], clock: float
+    ) -> list[Device]:
+        """The devices after a state-file read (None: missing or invalid, so the last ones stay)."""
+        if policy is not None:
+            if loaded is not None:
+                policy.update(loaded, clock)
+            else:  # the check could not tell: unknown, not unhealthy
+                policy.update(base, clock, unknown={d.id for d in base})
+        return loaded if loaded is not None else base
+
+    def cdi_spec(self, devices: Sequence[Device]) -> CdiSpec | None:
+        """With ``cdi``: one CDI device per fake device, a /dev/null node at /dev/<id>."""
+        if not self.config.cdi:
+            return None
+        from devplug import cdi
+
+        named = []
+        for device in devices:
+            try:
+                cdi.validate_device_name(device.id)
+            except ValueError:
+                continue  # allocate still names it; the runtime will say it is unknown
+            node = cdi.DeviceNode(path=f"/dev/{device.id}", host_path="/dev/null", permissions="rw")
+            named.append(
+                cdi.CdiDevice(name=device.id, container_edits=cdi.ContainerEdits(device_nodes=(node,)))
+            )
+        if not named:
+            return None
+        return cdi.CdiSpec(
+            kind=self.resource_name,
+            devices=tuple(named),
+            container_edits=cdi.ContainerEdits(env=(f"FAKE_CDI_RESOURCE={self.resource_name}",)),
+        )
 
     async def allocate(self, devices: Sequence[Device]) -> ContainerAllocation:
         faults = self.config.faults
@@ -131,3 +190,20 @@ class FakePlugin(DevicePlugin):
             else (),
             cdi_devices=tuple(f"{self.resource_name}={i}" for i in ids) if self.config.cdi else (),
         )
+
+
+class PolicyFakePlugin(FakePlugin):
+    """A fake resource that offers preferred allocation with the configured policy."""
+
+    async def preferred_allocation(
+        self, available: Sequence[Device], must_include: Sequence[Device], size: int
+    ) -> Sequence[str] | None:
+        numa = {d.id: d.numa_nodes or None for d in (*available, *must_include)}
+        policy = self.config.policy
+        if policy == "packed":
+            return policies.packed(available, must_include, size, key=numa)
+        if policy == "spread":
+            return policies.spread(available, must_include, size, key=numa)
+        if policy == "numa":
+            return policies.numa_aligned(available, must_include, size)
+        return policies.first_available(available, must_include, size)

@@ -23,6 +23,7 @@ import anyio
 import structlog
 
 from devplug._core.backoff import Backoff
+from devplug._core.cdi_sync import CdiSync
 from devplug._core.registration import register
 from devplug._core.servicer import (
     DevicePluginService,
@@ -36,8 +37,7 @@ from devplug.errors import RegistrationError
 from devplug.models import Device
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-    from pathlib import Path
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
     from devplug._core.watch import DirWatcher
     from devplug.plugin import DevicePlugin
@@ -61,12 +61,6 @@ class ResourceStatus:
     stats: ServiceStats = field(default_factory=ServiceStats)
 
 
-def _replaced(path: Path, before: tuple[int, int, int] | None) -> bool | None:
-    """True once ``path`` exists and is not the file it was (None otherwise, to keep waiting)."""
-    current = file_identity(path)
-    return True if current is not None and current != before else None
-
-
 class ResourceRunner:
     """Runs one :class:`DevicePlugin` until cancelled."""
 
@@ -77,19 +71,28 @@ class ResourceRunner:
         self.state = DeviceState()
         self.status = ResourceStatus(plugin.resource_name)
         self._log = structlog.get_logger("devplug.resource").bind(resource=plugin.resource_name)
+        # Only plugins that define cdi_spec pay for it.
+        self._cdi = CdiSync(plugin, settings.cdi_dir, self._log) if plugin.writes_cdi_spec() else None
 
     async def run(self) -> None:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._feed_devices)
-            # Register only once there is a list to send: the kubelet shows no capacity until
-            # the first ListAndWatch message, and an empty first list would flap it to zero.
-            if self.state.current.version == 0:
-                self._log.info("waiting_for_devices")
-            await self.state.newer_than(0)
-            if self.settings.registration == "watcher":
-                await self._run_watcher_mode()
-            else:
-                await self._run_kubelet_mode()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._feed_devices)
+                # Register only once there is a list to send: the kubelet shows no capacity until
+                # the first ListAndWatch message, and an empty first list would flap it to zero.
+                if self.state.current.version == 0:
+                    self._log.info("waiting_for_devices")
+                await self.state.newer_than(0)
+                if self.settings.registration == "watcher":
+                    await self._run_watcher_mode()
+                else:
+                    await self._run_kubelet_mode()
+        except anyio.get_cancelled_exc_class():
+            # Stopped (shutdown or resource removed), not failed: a failed run is restarted
+            # and must not leave a gap in the spec the runtime reads.
+            if self._cdi is not None and self.plugin.remove_cdi_spec_on_stop:
+                self._cdi.remove()
+            raise
 
     # -- devices ------------------------------------------------------------------------------
 
@@ -99,7 +102,10 @@ class ResourceRunner:
         while True:
             try:
                 async for devices in self.plugin.watch_devices():
-                    self._publish(devices)
+                    items = self._validated(devices)
+                    if items is not None:
+                        await self._before_publish(items)
+                        self._publish(items)
                     backoff.reset()
             except Exception as exc:
                 delay = backoff.next()
@@ -109,13 +115,29 @@ class ResourceRunner:
             self._log.warning("watch_devices_ended", keeping=len(self.state.current.devices))
             return
 
-    def _publish(self, devices: object) -> None:
+    def _validated(self, devices: object) -> tuple[Device, ...] | None:
         try:
-            items = list(devices)  # type: ignore[call-overload]
-            if not all(isinstance(d, Device) for d in items):
+            items: tuple[object, ...] = tuple(devices)  # type: ignore[arg-type]
+            valid = tuple(d for d in items if isinstance(d, Device))
+            if len(valid) != len(items):
                 raise TypeError("watch_devices must yield sequences of devplug.Device")
-            changed = self.state.publish(items)
         except (TypeError, ValueError) as exc:
+            self._log.error("invalid_device_list", error=str(exc))
+            return None
+        return valid
+
+    async def _before_publish(self, items: tuple[Device, ...]) -> None:
+        """Write the CDI spec of a new device set before the kubelet can see the set."""
+        current = self.state.current
+        if self._cdi is None or (current.version > 0 and current.devices == items):
+            return
+        if len({d.id for d in items}) == len(items):  # duplicates: publish refuses the set
+            await self._cdi.update(items)
+
+    def _publish(self, items: tuple[Device, ...]) -> None:
+        try:
+            changed = self.state.publish(items)
+        except ValueError as exc:
             self._log.error("invalid_device_list", error=str(exc))
             return
         if changed:
@@ -134,7 +156,13 @@ class ResourceRunner:
         """A fresh server on a new socket name in the watched directory; stopped on exit."""
         name = unique_socket_name(self.plugin.resource_name)
         path = self.watcher.path / name
-        service = DevicePluginService(self.plugin, self.state, self._log.bind(socket=name))
+        service = DevicePluginService(
+            self.plugin,
+            self.state,
+            self._log.bind(socket=name),
+            host_path_check=self.settings.host_path_check,
+            host_root=self.settings.host_root,
+        )
         self.status.stats = service.stats
         watcher_service = None
         if plugin_watcher:
@@ -204,45 +232,87 @@ class ResourceRunner:
         backoff = Backoff(initial=settings.retry_initial, maximum=settings.retry_max)
         log = self._log.bind(socket=server.path.name)
         started = time.monotonic()
-        while True:
+
+        def restart_reason(kubelets_seen: int) -> RestartReason | None:
             if not server.alive():
                 return "socket_deleted"
-            identity = file_identity(kubelet)
-            try:
-                await register(
+            if self.watcher.creations(kubelet) != kubelets_seen:
+                return "kubelet_restarted"
+            return None
+
+        while True:
+            # Read before the call: a kubelet that restarts while Register is in flight must
+            # count as a restart, whichever kubelet answered.
+            seen = self.watcher.creations(kubelet)
+            if restart_reason(seen) == "socket_deleted":
+                return "socket_deleted"
+            outcome = await self._watched(
+                register(
                     kubelet,
                     self.plugin.resource_name,
                     server.path.name,
                     self.plugin.options(),
                     settings.register_timeout,
-                )
+                ),
+                partial(restart_reason, seen),
+            )
+            if outcome is None:
                 break
-            except RegistrationError as exc:
-                delay = backoff.next()
-                self.status.last_error = str(exc)
-                log.warning(
-                    "register_failed",
-                    error=str(exc),
-                    code=exc.code,
-                    attempt=backoff.attempts,
-                    retry_in=round(delay, 3),
-                )
-                # Back off, but retry at once when a new kubelet.sock appears.
-                with anyio.move_on_after(delay):
-                    await self.watcher.wait_for(partial(_replaced, kubelet, identity))
+            if outcome == "socket_deleted":
+                return "socket_deleted"
+            if outcome == "kubelet_restarted":
+                continue  # a new kubelet: register with it now
+            assert isinstance(outcome, RegistrationError)
+            delay = backoff.next()
+            self.status.last_error = str(outcome)
+            log.warning(
+                "register_failed",
+                error=str(outcome),
+                code=outcome.code,
+                attempt=backoff.attempts,
+                retry_in=round(delay, 3),
+            )
+            # Back off, but retry at once for a new kubelet.sock, and start over with a new
+            # socket if the kubelet deleted this one.
+            with anyio.move_on_after(delay):
+                if await self.watcher.wait_for(partial(restart_reason, seen)) == "socket_deleted":
+                    return "socket_deleted"
         self.status.registered = True
         self.status.last_error = None
         self.status.registrations.append((time.time(), reason))
         log.info("registered", reason=reason, seconds=round(time.monotonic() - started, 4))
+        return await self.watcher.wait_for(partial(restart_reason, seen))
 
-        def restart_reason() -> RestartReason | None:
-            if not server.alive():
-                return "socket_deleted"
-            if file_identity(kubelet) != identity:
-                return "kubelet_restarted"
-            return None
+    async def _watched(
+        self, call: Awaitable[None], interrupt: Callable[[], RestartReason | None]
+    ) -> RestartReason | RegistrationError | None:
+        """Await ``call`` (a Register) unless a restart signal comes first.
 
-        return await self.watcher.wait_for(restart_reason)
+        Returns None when it succeeded, its RegistrationError, or the signal that cut it short:
+        a kubelet may hold Register for seconds (dialling back a socket that a restart has
+        already deleted), and waiting that out would leave the new kubelet without the plugin.
+        """
+        outcome: RestartReason | RegistrationError | None = None
+        # Both sides run as child tasks and the first to finish cancels the other: the task
+        # awaiting this method is never the one cancelled.
+        async with anyio.create_task_group() as tg:
+
+            async def run_call() -> None:
+                nonlocal outcome
+                try:
+                    await call
+                except RegistrationError as exc:
+                    outcome = exc
+                tg.cancel_scope.cancel()
+
+            async def watch() -> None:
+                nonlocal outcome
+                outcome = await self.watcher.wait_for(interrupt)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(run_call)
+            tg.start_soon(watch)
+        return outcome
 
     def _watcher_notified(self, registered: bool, error: str) -> None:
         self.status.registered = registered

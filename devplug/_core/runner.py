@@ -61,12 +61,14 @@ class Runner:
     async def run(self, *, handle_signals: bool = True) -> None:
         """Serve until cancelled, or until SIGTERM / SIGINT when ``handle_signals`` is true."""
         settings = self.settings
-        directory = (
-            settings.plugins_registry_dir
-            if settings.registration == "watcher"
-            else settings.device_plugin_dir
-        )
-        watcher = DirWatcher(directory)
+        # One inotify watch set for the process: the sockets' directory, and in kubelet mode
+        # the kubelet socket's own directory when it is configured elsewhere.
+        if settings.registration == "watcher":
+            directory = settings.plugins_registry_dir
+            watcher = DirWatcher(directory)
+        else:
+            directory = settings.device_plugin_dir
+            watcher = DirWatcher(directory, settings.kubelet_socket_path.parent)
         async with anyio.create_task_group() as tg:
             if handle_signals:
                 tg.start_soon(self._stop_on_signal, tg)

@@ -18,11 +18,14 @@ from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
+from devplug.checks import HostPathError, check_host_paths
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
+    from pathlib import Path
 
     from devplug._core.state import DeviceState, Snapshot
+    from devplug.checks import CheckMode
     from devplug.models import Device
     from devplug.plugin import DevicePlugin
 
@@ -50,10 +53,20 @@ class ServiceStats:
 class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     """``v1beta1.DevicePlugin`` for one plugin and its device state."""
 
-    def __init__(self, plugin: DevicePlugin, state: DeviceState, log: Any) -> None:
+    def __init__(
+        self,
+        plugin: DevicePlugin,
+        state: DeviceState,
+        log: Any,
+        *,
+        host_path_check: CheckMode = "warn",
+        host_root: Path | str = "/",
+    ) -> None:
         self._plugin = plugin
         self._state = state
         self._log = log
+        self._host_path_check: CheckMode = host_path_check
+        self._host_root = host_root
         self._resource = plugin.resource_name
         self._options = _convert.options_to_pb(plugin.options())
         self._message_cache: tuple[int, pb.ListAndWatchResponse | None] = (-1, None)
@@ -186,10 +199,18 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 await self._reject(context, "allocate", ids, unknown)
             try:
                 allocation = await self._plugin.allocate(devices)
-                responses.append(_convert.allocation_to_pb(allocation))
+                response = _convert.allocation_to_pb(allocation)
             except Exception as exc:
                 self._log.exception("allocate_failed", devices=ids, error=str(exc))
                 await context.abort(grpc.StatusCode.INTERNAL, f"allocate failed for {ids}: {exc}")
+            # A missing host path passes the kubelet and fails in the container runtime, far
+            # from its cause: say so here, where the plugin's answer is known.
+            try:
+                check_host_paths(allocation, mode=self._host_path_check, root=self._host_root, log=self._log)
+            except HostPathError as exc:
+                self._log.error("allocate_refused", devices=ids, error=str(exc))
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"allocate for {ids}: {exc}")
+            responses.append(response)
         return pb.AllocateResponse(container_responses=responses)
 
     async def PreStartContainer(

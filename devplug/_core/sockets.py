@@ -104,7 +104,18 @@ class SocketServer:
         await server.start()
         self._server = server
         self._identity = file_identity(self.path)
-        await self_dial(self.path)
+        try:
+            await self_dial(self.path)
+        except grpc.aio.AioRpcError as exc:
+            if not self.alive():
+                # A restarting kubelet deleted the socket already; the caller sees the socket
+                # is gone and starts over, as after any deletion.
+                log.info("socket_deleted_while_starting", socket=str(self.path))
+                return
+            await self.stop(0)
+            raise SocketUnavailableError(
+                f"{self.path} does not answer its own call: {exc.code().name}"
+            ) from None
 
     def alive(self) -> bool:
         """True while the socket file is still the one this server created."""
@@ -122,8 +133,12 @@ class SocketServer:
         self._identity = None
 
 
-async def self_dial(path: Path, timeout: float = 5.0) -> None:
-    """Call GetDevicePluginOptions on ``path`` as the kubelet will during Register."""
+async def self_dial(path: Path, timeout: float = 2.0) -> None:
+    """Call GetDevicePluginOptions on ``path`` as the kubelet will during Register.
+
+    Not wait-for-ready: the server is already listening, so a refused connection means the
+    file is gone and should fail now, not after the timeout.
+    """
     async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
         stub: Any = pb_grpc.DevicePluginStub(channel)
-        await stub.GetDevicePluginOptions(pb.Empty(), timeout=timeout, wait_for_ready=True)
+        await stub.GetDevicePluginOptions(pb.Empty(), timeout=timeout)

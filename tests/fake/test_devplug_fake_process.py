@@ -55,7 +55,8 @@ def ids_health(devices: tuple[object, ...]) -> list[tuple[str, str]]:
 async def test_registers_and_serves(short_dir: Path) -> None:
     dp = short_dir / "dp"
     async with FakeKubelet(dp) as kubelet:
-        args = ("--count", "3", "--numa-nodes", "2", "--device-specs", "--cdi")
+        cdi = ("--cdi", "--cdi-dir", str(short_dir / "cdi"))
+        args = ("--count", "3", "--numa-nodes", "2", "--device-specs", *cdi)
         async with devplug_fake(dp, *args):
             reg = await kubelet.wait_for_registration(RESOURCE, timeout=15)
             assert re.fullmatch(r"example\.com-fake-[0-9a-f]{8}\.sock", reg.endpoint)
@@ -120,7 +121,9 @@ async def test_kubelet_restarts_during_edits_lose_no_update(short_dir: Path) -> 
         # Whatever the interleaving, the last state written is the last state seen.
         devices = await kubelet.wait_for_devices(RESOURCE, lambda ds: len(ds) == 40, timeout=5)
         assert [d.id for d in devices] == [f"d{i}" for i in range(40)]
-        assert sum(r.accepted for r in kubelet.registrations) == 9
+        # At most one registration per kubelet start (two restart signals, one registration);
+        # fewer when a restart came before the plugin had registered with the previous kubelet.
+        assert 2 <= sum(r.accepted for r in kubelet.registrations) <= 9
 
 
 async def test_bad_flag_and_bad_scenario_exit_2(short_dir: Path) -> None:

@@ -1,0 +1,85 @@
+"""CDI spec files on disk: atomic writes and removal (re-exported by :mod:`devplug.cdi`).
+
+Runtimes (containerd, CRI-O) watch the CDI directories and reload a file when it changes, so a
+reader must never see a half-written spec: write a temporary file in the same directory, fsync
+it, then rename it over the old one. The temporary name ends in ``.tmp`` and starts with a dot,
+so a runtime scanning for ``*.json`` never loads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from devplug.cdi import CdiSpec
+
+__all__ = ["DEFAULT_CDI_DIR", "remove_spec", "spec_file_name", "write_spec"]
+
+DEFAULT_CDI_DIR = Path("/var/run/cdi")
+"""Where dynamically generated specs go (``/etc/cdi`` is for static ones)."""
+
+
+def spec_file_name(kind: str) -> str:
+    """``vendor.com/class`` → ``vendor.com-class.json``."""
+    vendor, _, klass = kind.partition("/")
+    return f"{vendor}-{klass}.json"
+
+
+def write_spec(spec: CdiSpec, directory: str | os.PathLike[str] = DEFAULT_CDI_DIR) -> Path:
+    """Write ``spec`` atomically as ``<directory>/<vendor>-<class>.json`` (mode 0644).
+
+    The directory is created if missing. Returns the file's path.
+
+    Raises:
+        OSError: the directory or the file could not be written (the old file, if any, stays).
+    """
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / spec.file_name
+    data = spec.to_json().encode()
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), 0o644)  # mkstemp creates 0600; runtimes may read as another user
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_directory(folder)
+    return path
+
+
+def remove_spec(kind: str, directory: str | os.PathLike[str] = DEFAULT_CDI_DIR) -> bool:
+    """Remove the spec file of ``kind`` from ``directory``; False if there was none.
+
+    Raises:
+        OSError: it exists but could not be removed.
+    """
+    try:
+        (Path(directory) / spec_file_name(kind)).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _fsync_directory(folder: Path) -> None:
+    # The rename is durable only once the directory entry is on disk (matters for /etc/cdi;
+    # /var/run/cdi is usually tmpfs, where this costs nothing).
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
