@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
+from devplug._argtypes import positive_seconds, whole_number
 from devplug.logging import configure as configure_logging
 
 if TYPE_CHECKING:
@@ -39,12 +40,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=_positive,
+        type=positive_seconds,
         default=10.0,
         help="how long to wait for a registration, at start and after each kubelet restart (default: 10)",
     )
     parser.add_argument(
-        "--restarts", metavar="N", type=_count, default=3, help="kubelet restarts in a row (default: 3)"
+        "--restarts", metavar="N", type=whole_number, default=3, help="kubelet restarts in a row (default: 3)"
     )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON document")
     parser.add_argument(
@@ -52,26 +53,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the plugin command, after --")
     return parser
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
-    return value
 
 
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser, out: TextIO | None = None) -> int:

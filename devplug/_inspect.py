@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import anyio
 
 from devplug import _inspect_render as render
+from devplug._argtypes import positive_seconds
 from devplug._inspect_client import InspectError, PluginConnection, SeenDevice, check_socket
 
 if TYPE_CHECKING:
@@ -50,7 +51,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     parser.add_argument("--pre-start", metavar="IDS", type=_ids, help="PreStartContainer with these devices")
     parser.add_argument("--json", action="store_true", help="one JSON document (JSON lines with --watch)")
     parser.add_argument(
-        "--timeout", metavar="SECONDS", type=_positive, default=5.0, help="deadline of each call (default: 5)"
+        "--timeout",
+        metavar="SECONDS",
+        type=positive_seconds,
+        default=5.0,
+        help="deadline of each call (default: 5)",
     )
     return parser
 
@@ -60,16 +65,6 @@ def _ids(text: str) -> list[str]:
     if not all(ids):
         raise argparse.ArgumentTypeError(f"expected comma-separated device IDs, got {text!r}")
     return ids
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
-    return value
 
 
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
