@@ -38,14 +38,13 @@ def _load(target: str) -> object:
 
 def _cmd_run(target: str, rest: list[str]) -> int:
     obj = _load(target)
+    prog = f"devplug run {target}"
     if isinstance(obj, type) and issubclass(obj, DevicePlugin):
-        plugin: object = obj()
-    elif isinstance(obj, DevicePlugin):
-        plugin = obj
-    else:
-        _fail(f"{target} is not a DevicePlugin subclass or instance")
-    assert isinstance(plugin, DevicePlugin)
-    return run(plugin, argv=rest, prog=f"devplug run {target}")
+        # The class says which settings it takes and how it is built from them.
+        return run(obj.from_settings, settings_cls=obj.settings_class, argv=rest, prog=prog)
+    if isinstance(obj, DevicePlugin):
+        return run(obj, argv=rest, prog=prog)
+    _fail(f"{target} is not a DevicePlugin subclass or instance")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,11 +17,12 @@ Who calls what, and when:
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import structlog
 
 from devplug.models import ContainerAllocation, Device, PluginOptions
+from devplug.settings import Settings
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from devplug.cdi import CdiSpec
 
 __all__ = ["DevicePlugin"]
+
+P = TypeVar("P", bound="DevicePlugin")
 
 
 class DevicePlugin(abc.ABC):
@@ -40,6 +43,9 @@ class DevicePlugin(abc.ABC):
 
     resource_name: str
     """The extended resource name, e.g. ``example.com/widget``."""
+    settings_class: ClassVar[type[Settings]] = Settings
+    """What ``devplug run MODULE:CLASS`` parses: a :class:`Settings` subclass adds the plugin's
+    own options, and :meth:`from_settings` builds the plugin from them."""
     remove_cdi_spec_on_stop: bool = False
     """Remove the file written for :meth:`cdi_spec` when the resource stops. Off by default:
     containers that restart after the plugin has stopped still need their devices' edits."""
@@ -91,6 +97,11 @@ class DevicePlugin(abc.ABC):
         stays, and the devices are still listed.
         """
         return None
+
+    @classmethod
+    def from_settings(cls: type[P], settings: Settings) -> P:
+        """Build the plugin for ``devplug run`` from its parsed settings (default: no arguments)."""
+        return cls()
 
     @classmethod
     def writes_cdi_spec(cls) -> bool:

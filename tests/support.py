@@ -9,6 +9,7 @@ from pathlib import Path
 import anyio
 
 import devplug
+import devplug.testing
 from devplug import ContainerAllocation, Device, DevicePlugin, DeviceSpec, Health, Settings
 from devplug._core.runner import Plugins
 
@@ -90,12 +91,8 @@ def settings_for(directory: Path, **overrides: object) -> Settings:
 @asynccontextmanager
 async def serving(plugins: Plugins, settings: Settings) -> AsyncIterator[devplug.Runner]:
     """Run devplug in the background of a test; cancelled (as on SIGTERM) on exit."""
-    runner = devplug.Runner(plugins, settings)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: runner.run(handle_signals=False))
-        await runner.wait_started()
+    async with devplug.testing.serving(plugins, settings=settings) as runner:
         yield runner
-        tg.cancel_scope.cancel()
 
 
 async def wait_until(predicate: Callable[[], bool]) -> None:

@@ -4,14 +4,17 @@
 registrations with the kubelet's texts, dials plugins back, follows their ListAndWatch streams
 and offers the calls the kubelet makes (Allocate, GetPreferredAllocation, PreStartContainer),
 restarts and the plugin-watcher path. The pytest plugin (``devplug.testing.pytest_plugin``,
-loaded automatically) adds a ``fake_kubelet`` fixture. :func:`run_conformance` runs a plugin
-command against a private fake kubelet and checks what the kubelet relies on.
+loaded automatically) adds a ``fake_kubelet`` fixture; :func:`serving` runs a plugin in the
+background of a test against it. :func:`run_conformance` runs a plugin command against a
+private fake kubelet and checks what the kubelet relies on.
 
-This package talks to plugins only over gRPC: it does not depend on devplug's runtime.
+Apart from :func:`serving`, this package talks to plugins only over gRPC: it does not depend on
+devplug's runtime, so it tests plugins written with anything.
 """
 
 from devplug.testing._kubelet import FakeKubelet
 from devplug.testing._resource import Registration, ResourceView
+from devplug.testing._serving import serving
 from devplug.testing.conformance import CHECKS, CheckResult, CheckStatus, ConformanceReport, run_conformance
 
 __all__ = [
@@ -23,4 +26,5 @@ __all__ = [
     "Registration",
     "ResourceView",
     "run_conformance",
+    "serving",
 ]

@@ -9,9 +9,9 @@ Run it with its own options (``--help`` lists them all)::
 
     python examples/devglob/devglob.py --resource example.com/serial --pattern '/dev/ttyUSB*'
 
-or with the defaults through the ``devplug`` command::
+or, the same options, through the ``devplug`` command::
 
-    PYTHONPATH=examples/devglob devplug run devglob:DevGlob
+    PYTHONPATH=examples/devglob devplug run devglob:DevGlob --pattern '/dev/kvm' --resource example.com/kvm
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ class DevGlobSettings(Settings):
 class DevGlob(DevicePlugin):
     """One device per host node matching ``pattern``; see the module docstring."""
 
+    settings_class = DevGlobSettings  # what `devplug run devglob:DevGlob` parses
+
     def __init__(
         self,
         resource_name: str = "example.com/serial",
@@ -91,6 +93,12 @@ class DevGlob(DevicePlugin):
         self.host_dir, self.glob = split_pattern(pattern)
         # Allocations name the host's paths; this process reads the same nodes under dev_root.
         self.local_dir = Path(dev_root, self.host_dir.relative_to("/dev"))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DevGlob:
+        """The plugin that ``devplug run`` serves, built from :class:`DevGlobSettings`."""
+        assert isinstance(settings, DevGlobSettings)
+        return cls(settings.resource, settings.pattern, settings.dev_root)
 
     def scan(self) -> list[Device]:
         """The matching nodes now, sorted by name."""
@@ -138,10 +146,7 @@ class DevGlob(DevicePlugin):
 def main(argv: list[str] | None = None) -> int:
     """Serve ``DevGlob`` with the standard runner options plus ``DevGlobSettings``' own."""
 
-    def plugin(settings: DevGlobSettings) -> DevGlob:
-        return DevGlob(settings.resource, settings.pattern, settings.dev_root)
-
-    return devplug.run(plugin, settings_cls=DevGlobSettings, argv=argv, prog="devglob")
+    return devplug.run(DevGlob.from_settings, settings_cls=DevGlobSettings, argv=argv, prog="devglob")
 
 
 if __name__ == "__main__":

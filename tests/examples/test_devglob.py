@@ -22,7 +22,7 @@ import pytest
 from devglob import DevGlob, DevGlobSettings
 
 import devplug
-from devplug import ConfigError, ContainerAllocation, Device, DeviceSpec, Health, Settings, load_settings
+from devplug import ConfigError, ContainerAllocation, Device, DeviceSpec, Health, load_settings
 from devplug.testing import FakeKubelet
 
 RESOURCE = "example.com/serial"
@@ -61,14 +61,9 @@ def dev(tmp_path: Path) -> Path:
 @asynccontextmanager
 async def serving(plugin: DevGlob, kubelet: FakeKubelet) -> AsyncIterator[None]:
     """Serve ``plugin`` to ``kubelet`` in the background until the block ends (as on SIGTERM)."""
-    settings = Settings(
-        device_plugin_dir=kubelet.device_plugin_dir, retry_initial=0.02, retry_max=0.2, shutdown_grace=0.2
-    )
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(partial(devplug.serve, plugin, settings, handle_signals=False))
+    async with devplug.testing.serving(plugin, kubelet):
         await kubelet.wait_for_registration(plugin.resource_name)
         yield
-        tg.cancel_scope.cancel()
 
 
 @pytest.mark.anyio
@@ -158,12 +153,18 @@ async def test_kubelet_restart_re_registers(dev: Path, fake_kubelet: FakeKubelet
 
 
 @pytest.mark.anyio
-async def test_runs_as_a_script(dev: Path, fake_kubelet: FakeKubelet) -> None:
+@pytest.mark.parametrize("how", ["script", "devplug run"])
+async def test_runs_as_a_process(dev: Path, fake_kubelet: FakeKubelet, how: str) -> None:
     make_node(dev / "ttyACM0")
-    command = [sys.executable, str(SCRIPT), "--device-plugin-dir", str(fake_kubelet.device_plugin_dir)]
+    if how == "script":
+        command = [sys.executable, str(SCRIPT)]
+    else:  # the class's own settings through `devplug run MODULE:CLASS`
+        command = [sys.executable, "-m", "devplug", "run", "devglob:DevGlob"]
+    command += ["--device-plugin-dir", str(fake_kubelet.device_plugin_dir)]
     command += ["--dev-root", str(dev), "--pattern", "/dev/ttyACM*", "--resource", "example.com/acm"]
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent)}
     async with await anyio.open_process(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
     ) as process:
         registration = await fake_kubelet.wait_for_registration("example.com/acm", timeout=15)
         await fake_kubelet.wait_for_devices("example.com/acm", listed(("ttyACM0", OK)))

@@ -1,0 +1,54 @@
+"""Serve plugins in the background of a test, pointed at a FakeKubelet."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from devplug import Runner, Settings
+    from devplug._core.runner import Plugins
+    from devplug.testing._kubelet import FakeKubelet
+
+
+@asynccontextmanager
+async def serving(
+    plugins: Plugins,
+    kubelet: FakeKubelet | None = None,
+    *,
+    settings: Settings | None = None,
+    **overrides: Any,
+) -> AsyncIterator[Runner]:
+    """Run devplug for ``plugins`` while the block runs; stopped (as on SIGTERM) on exit.
+
+    Args:
+        plugins: what :func:`devplug.serve` takes: a plugin, several, or a plugin source.
+        kubelet: point the settings at this fake kubelet's directories, with the retry and
+            shutdown delays shortened for tests.
+        settings: use these settings instead (then ``kubelet`` and ``overrides`` are ignored).
+        overrides: further :class:`devplug.Settings` fields, e.g. ``registration="watcher"``.
+
+    Yields the :class:`devplug.Runner`, whose ``resources`` show each resource's status.
+    """
+    # The runtime is imported here, not at module level: the rest of the testing kit talks to
+    # plugins over gRPC only, and must not need devplug's runtime.
+    from devplug import Runner, Settings
+
+    if settings is None:
+        values: dict[str, Any] = {"retry_initial": 0.02, "retry_max": 0.2, "shutdown_grace": 0.2}
+        if kubelet is not None:
+            values["device_plugin_dir"] = kubelet.device_plugin_dir
+            if kubelet.plugins_registry_dir is not None:
+                values["plugins_registry_dir"] = kubelet.plugins_registry_dir
+        settings = Settings(**(values | overrides))
+    runner = Runner(plugins, settings)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(partial(runner.run, handle_signals=False))
+        await runner.wait_started()
+        yield runner
+        tg.cancel_scope.cancel()
