@@ -21,8 +21,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import grpc
@@ -31,6 +32,9 @@ from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.logging import configure as configure_logging
 from devplug.testing import FakeKubelet
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 ROOT = Path(__file__).resolve().parent.parent
 RESOURCE = "example.com/fake"
@@ -66,10 +70,21 @@ def plugin_command(dp_dir: Path, *extra: str) -> list[str]:
     ]
 
 
-async def stop(process: anyio.abc.Process) -> None:
-    process.send_signal(signal.SIGTERM)
-    with anyio.fail_after(5):
-        await process.wait()
+@asynccontextmanager
+async def started(command: list[str]) -> AsyncIterator[anyio.abc.Process]:
+    """A process that is stopped with SIGTERM at the end (and killed if it lingers or on errors)."""
+    process = await anyio.open_process(command, stdout=subprocess.DEVNULL)
+    try:
+        yield process
+    finally:
+        with anyio.CancelScope(shield=True):
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+                with anyio.move_on_after(5):
+                    await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
 
 
 async def bench_start(workdir: Path, runs: int) -> dict[str, Any]:
@@ -77,13 +92,12 @@ async def bench_start(workdir: Path, runs: int) -> dict[str, Any]:
     for i in range(runs):
         dp_dir = workdir / f"start-{i}"
         async with FakeKubelet(dp_dir) as kubelet:
-            started = time.monotonic()
-            process = await anyio.open_process(plugin_command(dp_dir), stdout=subprocess.DEVNULL)
-            reg = await kubelet.wait_for_registration(RESOURCE, timeout=30)
-            await kubelet.wait_for_devices(RESOURCE, timeout=30)
-            to_list.append(time.monotonic() - started)
-            to_register.append(reg.at - started)
-            await stop(process)
+            began = time.monotonic()
+            async with started(plugin_command(dp_dir)):
+                reg = await kubelet.wait_for_registration(RESOURCE, timeout=30)
+                await kubelet.wait_for_devices(RESOURCE, timeout=30)
+                to_list.append(time.monotonic() - began)
+                to_register.append(reg.at - began)
     return {"start_to_register": summary(to_register), "start_to_first_list": summary(to_list)}
 
 
@@ -101,8 +115,7 @@ async def bench_restarts_and_health(workdir: Path, restarts: int, flips: int) ->
         os.replace(tmp, state)
 
     write_state(False)
-    async with FakeKubelet(dp_dir) as kubelet:
-        process = await anyio.open_process(plugin_command(dp_dir, "--state-file", str(state)))
+    async with FakeKubelet(dp_dir) as kubelet, started(plugin_command(dp_dir, "--state-file", str(state))):
         await kubelet.wait_for_registration(RESOURCE, timeout=30)
         await kubelet.wait_for_devices(RESOURCE, lambda ds: len(ds) == 8, timeout=30)
         to_register, to_list = [], []
@@ -120,7 +133,6 @@ async def bench_restarts_and_health(workdir: Path, restarts: int, flips: int) ->
             write_state(unhealthy)
             await kubelet.wait_for_devices(RESOURCE, lambda ds, u=unhealthy: ds[0].healthy is not u)
             health.append(time.monotonic() - before)
-        await stop(process)
     return {
         "kubelet_restart_to_register": summary(to_register),
         "kubelet_restart_to_first_list": summary(to_list),
@@ -129,10 +141,10 @@ async def bench_restarts_and_health(workdir: Path, restarts: int, flips: int) ->
 
 
 def round_trips(socket: Path, calls: int) -> dict[str, Any]:
-    """Allocate and GetPreferredAllocation round trips from a blocking client.
+    """Allocate and GetPreferredAllocation round trips from a blocking client in a thread.
 
-    The synchronous grpc client costs less per call than grpc.aio's, so more of each figure
-    is the server's own time (the kubelet's Go client is cheaper still).
+    The same client measures devplug and the bare server, so their difference is devplug's
+    cost; a Go client (the kubelet's) spends less per call than this one.
     """
     results: dict[str, Any] = {}
     with grpc.insecure_channel(f"unix://{socket}") as channel:
@@ -165,21 +177,16 @@ def round_trips(socket: Path, calls: int) -> dict[str, Any]:
 
 async def bench_round_trips(workdir: Path, calls: int) -> dict[str, Any]:
     dp_dir = workdir / "rtt"
-    async with FakeKubelet(dp_dir) as kubelet:
-        process = await anyio.open_process(plugin_command(dp_dir, "--count", "8"))
+    async with FakeKubelet(dp_dir) as kubelet, started(plugin_command(dp_dir, "--count", "8")):
         reg = await kubelet.wait_for_registration(RESOURCE, timeout=30)
         await kubelet.wait_for_devices(RESOURCE, timeout=30)
         devplug_figures = await anyio.to_thread.run_sync(round_trips, dp_dir / reg.endpoint, calls)
-        await stop(process)
     bare_socket = workdir / "bare.sock"
-    bare = await anyio.open_process(
-        [sys.executable, str(ROOT / "bench" / "bare_plugin.py"), str(bare_socket)]
-    )
-    with anyio.fail_after(30):
-        while not bare_socket.exists():  # noqa: ASYNC110 - another process creates it
-            await anyio.sleep(0.01)
-    bare_figures = await anyio.to_thread.run_sync(round_trips, bare_socket, calls)
-    await stop(bare)
+    async with started([sys.executable, str(ROOT / "bench" / "bare_plugin.py"), str(bare_socket)]):
+        with anyio.fail_after(30):
+            while not bare_socket.exists():  # noqa: ASYNC110 - another process creates it
+                await anyio.sleep(0.01)
+        bare_figures = await anyio.to_thread.run_sync(round_trips, bare_socket, calls)
     return {"devplug": devplug_figures, "bare_grpc_aio": bare_figures}
 
 
