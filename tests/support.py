@@ -10,8 +10,7 @@ import anyio
 
 import devplug
 import devplug.testing
-from devplug import ContainerAllocation, Device, DevicePlugin, DeviceSpec, Health, Settings
-from devplug._core.runner import Plugins
+from devplug import ContainerAllocation, Device, DevicePlugin, DeviceSpec, Health, Plugins, Settings
 
 
 class Widgets(DevicePlugin):

@@ -11,8 +11,7 @@ import anyio
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from devplug import Runner, Settings
-    from devplug._core.runner import Plugins
+    from devplug import Plugins, Runner, Settings
     from devplug.testing._kubelet import FakeKubelet
 
 
