@@ -156,10 +156,11 @@ class FakeKubelet(KubeletActions):
             self._manager.task_group = None
             ready.set()
 
-    async def stop(self) -> None:
+    async def stop(self, *, crash: bool = False) -> None:
         """Stop serving, close every plugin connection (their streams end), remove ``kubelet.sock``.
 
-        Safe to call twice, and from any task.
+        With ``crash``, ``kubelet.sock`` stays behind, dead, as after a killed kubelet (the next
+        start removes it). Safe to call twice, and from any task.
         """
         server, self._server = self._server, None
         if server is None:
@@ -172,18 +173,20 @@ class FakeKubelet(KubeletActions):
             if service is not None:
                 await asyncio.wait([service])
             await self._manager.close_all()
-            self.socket_path.unlink(missing_ok=True)
+            if not crash:
+                self.socket_path.unlink(missing_ok=True)
         log.info("kubelet_stopped", socket=str(self.socket_path))
 
-    async def restart(self, *, downtime: float = 0.0) -> None:
+    async def restart(self, *, downtime: float = 0.0, crash: bool = False) -> None:
         """Restart like a kubelet: stop, forget every resource, delete the sockets, start afresh.
 
         Plugins see ``kubelet.sock`` deleted, their own sockets deleted, and (after ``downtime``
         seconds) a new ``kubelet.sock`` created, and must register again. Note that the file
         system may give the new ``kubelet.sock`` the old one's inode number (ext4 does): detect
-        restarts by inotify, not by comparing inodes.
+        restarts by inotify, not by comparing inodes. With ``crash``, the old ``kubelet.sock``
+        stays, dead, until the new kubelet starts (a killed kubelet leaves it behind).
         """
-        await self.stop()
+        await self.stop(crash=crash)
         self._manager.reset()
         _remove_sockets(self.device_plugin_dir)
         log.info("kubelet_restarting", downtime=downtime)

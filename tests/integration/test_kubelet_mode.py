@@ -234,6 +234,19 @@ async def test_hundred_kubelet_restarts(short_dir: Path) -> None:
         assert _open_fds() <= fds
 
 
+async def test_crashed_kubelet_leaves_its_socket_behind(short_dir: Path) -> None:
+    settings = settings_for(short_dir)
+    async with FakeKubelet(settings.device_plugin_dir) as kubelet, serving(Widgets(), settings):
+        await kubelet.wait_for_registration(RESOURCE)
+        for count in (2, 3):
+            # A dead kubelet.sock stays for a while; the new kubelet replaces it and deletes ours.
+            await kubelet.restart(crash=True, downtime=0.2)
+            await kubelet.wait_for_registration(RESOURCE, count=count)
+            await kubelet.wait_for_devices(RESOURCE, all_healthy(4))
+        await anyio.sleep(0.2)
+        assert sum(r.accepted for r in kubelet.registrations) == 3
+
+
 async def test_socket_deleted_alone_triggers_reregistration(short_dir: Path) -> None:
     settings = settings_for(short_dir)
     async with FakeKubelet(settings.device_plugin_dir) as kubelet, serving(Widgets(), settings):
