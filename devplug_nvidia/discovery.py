@@ -1,0 +1,212 @@
+"""Discovery: NVML → one :class:`GpuRecord` per full GPU and per MIG device, then resources.
+
+:func:`discover_devices` walks NVML (nvidia.md §2, §7); :func:`apply_mig_strategy` groups the
+records into resources; :func:`discover` does both from the plugin's settings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from devplug.topology import normalize_pci_bus_id, pci_numa_node
+from devplug_nvidia import _nvml
+from devplug_nvidia._discovery_mig import mig_cap_paths, mig_memory_gb, mig_profile_name, read_mig_minors
+from devplug_nvidia._discovery_strategy import (
+    GPU_RESOURCE,
+    MigStrategy,
+    MigStrategyError,
+    apply_mig_strategy,
+    mig_resource_name,
+)
+from devplug_nvidia._model import GpuRecord, MigInfo
+from devplug_nvidia._nvml import Nvml, NvmlError
+
+if TYPE_CHECKING:
+    import os
+
+__all__ = [
+    "GPU_RESOURCE",
+    "DiscoverySettings",
+    "MigStrategy",
+    "MigStrategyError",
+    "apply_mig_strategy",
+    "discover",
+    "discover_devices",
+    "mig_memory_gb",
+    "mig_profile_name",
+    "mig_resource_name",
+    "read_mig_minors",
+]
+
+log = structlog.get_logger(__name__)
+_MIB = 1024 * 1024
+_NOT_MIG_CAPABLE = (_nvml.NOT_SUPPORTED, _nvml.FUNCTION_NOT_FOUND)
+_EMPTY_SLOT = (_nvml.NOT_FOUND, _nvml.INVALID_ARGUMENT)
+
+
+class DiscoverySettings(Protocol):
+    """What :func:`discover` reads from the plugin's settings."""
+
+    @property
+    def mig_strategy(self) -> MigStrategy: ...
+    @property
+    def driver_root(self) -> str: ...
+    @property
+    def fake_nvml(self) -> str | None: ...
+
+
+def _text(value: str | bytes) -> str:
+    # Real pynvml returns bytes from some calls (PCI bus IDs) and str from others.
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def discover(
+    settings: DiscoverySettings,
+    *,
+    module: Any = None,
+    sysfs: str | os.PathLike[str] | None = None,
+    proc: str | os.PathLike[str] | None = None,
+) -> dict[str, list[GpuRecord]]:
+    """Resource name → records for the plugin's settings (NVML opened and closed here).
+
+    With ``settings.fake_nvml`` set (and no ``module``), NVML is the fake machine model of that
+    name, and ``sys`` / ``proc`` are read under the driver root (where
+    :func:`devplug_nvidia.testing.write_root` puts them).
+
+    Raises:
+        NvmlError: NVML could not start or a call failed; the message says what to check.
+        MigStrategyError: the MIG strategy does not fit the machine (a ``ConfigError``).
+    """
+    root = Path(settings.driver_root)
+    if module is None and settings.fake_nvml:
+        from devplug_nvidia.testing import fake_nvml
+
+        try:
+            module = fake_nvml(settings.fake_nvml)
+        except KeyError as exc:
+            raise NvmlError(str(exc.args[0]), code=_nvml.NOT_FOUND) from None
+        sysfs = root / "sys" if sysfs is None else sysfs
+        proc = root / "proc" if proc is None else proc
+    with Nvml.open(module, driver_root=settings.driver_root) as nvml:
+        records = discover_devices(nvml, sysfs=sysfs or "/sys", proc=proc or "/proc")
+    return apply_mig_strategy(records, settings.mig_strategy)
+
+
+def discover_devices(
+    nvml: Nvml, *, sysfs: str | os.PathLike[str] = "/sys", proc: str | os.PathLike[str] = "/proc"
+) -> list[GpuRecord]:
+    """Every full GPU (MIG-enabled or not), then the MIG devices of each, in NVML index order.
+
+    A GPU that reports GPU_IS_LOST is left out with a warning rather than failing the node.
+
+    Raises:
+        NvmlError: an NVML call failed.
+    """
+    records: list[GpuRecord] = []
+    minors: dict[str, int] | None = None
+    for index in range(nvml.call("nvmlDeviceGetCount")):
+        try:
+            handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
+            gpu = _gpu_record(nvml, handle, index, sysfs)
+        except NvmlError as exc:
+            if exc.code != _nvml.GPU_IS_LOST:
+                raise
+            log.warning("gpu_lost_skipped", gpu=index, error=str(exc))
+            continue
+        records.append(gpu)
+        if gpu.mig_enabled:
+            if minors is None:
+                minors = read_mig_minors(proc) or {}
+            records.extend(_mig_records(nvml, handle, gpu, minors))
+    return records
+
+
+def _gpu_record(nvml: Nvml, handle: Any, index: int, sysfs: str | os.PathLike[str]) -> GpuRecord:
+    bus_id = normalize_pci_bus_id(_text(nvml.call("nvmlDeviceGetPciInfo", handle).busId))
+    major, minor_cc = nvml.call("nvmlDeviceGetCudaComputeCapability", handle)
+    return GpuRecord(
+        kind="gpu",
+        index=str(index),
+        uuid=_text(nvml.call("nvmlDeviceGetUUID", handle)),
+        minor=int(nvml.call("nvmlDeviceGetMinorNumber", handle)),
+        name=_text(nvml.call("nvmlDeviceGetName", handle)),
+        memory_mib=int(nvml.call("nvmlDeviceGetMemoryInfo", handle).total) // _MIB,
+        bus_id=bus_id,
+        numa_node=pci_numa_node(bus_id, sysfs=sysfs),
+        compute_capability=(int(major), int(minor_cc)),
+        mig_enabled=_mig_enabled(nvml, handle),
+    )
+
+
+def _mig_enabled(nvml: Nvml, handle: Any) -> bool:
+    try:
+        current, _pending = nvml.call("nvmlDeviceGetMigMode", handle)
+    except NvmlError as exc:
+        if exc.code in _NOT_MIG_CAPABLE:
+            return False
+        raise
+    return bool(current == nvml.const("NVML_DEVICE_MIG_ENABLE"))
+
+
+def _mig_records(nvml: Nvml, parent: Any, gpu: GpuRecord, minors: dict[str, int]) -> list[GpuRecord]:
+    parent_bytes = int(nvml.call("nvmlDeviceGetMemoryInfo", parent).total)
+    records = []
+    for slot in range(nvml.call("nvmlDeviceGetMaxMigDeviceCount", parent)):
+        try:
+            handle = nvml.call("nvmlDeviceGetMigDeviceHandleByIndex", parent, slot)
+        except NvmlError as exc:
+            if exc.code in _EMPTY_SLOT:
+                continue
+            raise
+        attrs = nvml.call("nvmlDeviceGetAttributes", handle)
+        gi = int(nvml.call("nvmlDeviceGetGpuInstanceId", handle))
+        ci = int(nvml.call("nvmlDeviceGetComputeInstanceId", handle))
+        profile = mig_profile_name(
+            gpu_slices=int(attrs.gpuInstanceSliceCount),
+            compute_slices=int(attrs.computeInstanceSliceCount),
+            memory_mb=int(attrs.memorySizeMB),
+            parent_memory_bytes=parent_bytes,
+            gi_profile_id=_gi_profile_id(nvml, parent, gi),
+        )
+        try:
+            caps = mig_cap_paths(minors, gpu.minor, gi, ci)
+        except KeyError:
+            log.warning("mig_caps_not_found", gpu=gpu.index, gpu_instance=gi, compute_instance=ci)
+            caps = ()
+        records.append(
+            GpuRecord(
+                kind="mig",
+                index=f"{gpu.index}:{slot}",
+                uuid=_text(nvml.call("nvmlDeviceGetUUID", handle)),
+                minor=gpu.minor,
+                name=gpu.name,
+                memory_mib=int(attrs.memorySizeMB),
+                bus_id=gpu.bus_id,
+                numa_node=gpu.numa_node,
+                compute_capability=gpu.compute_capability,
+                mig=MigInfo(
+                    parent_uuid=gpu.uuid,
+                    parent_index=int(gpu.index),
+                    parent_minor=gpu.minor,
+                    gpu_instance_id=gi,
+                    compute_instance_id=ci,
+                    profile=profile,
+                    cap_paths=caps,
+                ),
+            )
+        )
+    return records
+
+
+def _gi_profile_id(nvml: Nvml, parent: Any, gi: int) -> int | None:
+    # The profile ID carries the +me / +gfx / -me attributes; without it (no permission to look
+    # up instances) the name is the plain <G>g.<GB>gb.
+    try:
+        instance = nvml.call("nvmlDeviceGetGpuInstanceById", parent, gi)
+        return int(nvml.call("nvmlGpuInstanceGetInfo", instance).profileId)
+    except NvmlError as exc:
+        log.warning("mig_gpu_instance_unreadable", gpu_instance=gi, error=str(exc))
+        return None

@@ -1,0 +1,78 @@
+"""Writes the files a fake machine's host would have under one root directory.
+
+``<root>/proc/driver/nvidia-caps/mig-minors``, ``<root>/sys/bus/pci/devices/<bus>/numa_node``,
+``<root>/dev/nvidia*`` stand-ins (plain empty files) and a ``libnvidia-ml.so.1`` stand-in under
+``<root>/usr/lib/x86_64-linux-gnu``, so discovery and Allocate can be pointed at it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from devplug.topology import normalize_pci_bus_id
+
+if TYPE_CHECKING:
+    import os
+
+    from devplug_nvidia.testing._specs import MachineModel
+
+#: GPU-instance IDs and compute-instance IDs the driver reserves capabilities for.
+_GI_IDS = 15
+_CI_IDS = 8
+_PER_GI = 1 + _CI_IDS
+_PER_GPU = _GI_IDS * _PER_GI
+LIBRARY_DIR = "usr/lib/x86_64-linux-gnu"
+
+
+def mig_cap_minor(gpu_minor: int, gpu_instance_id: int, compute_instance_id: int | None = None) -> int:
+    """The ``nvidia-cap<N>`` minor the driver lists for a GI (or a CI inside it) in mig-minors."""
+    gi_minor = 3 + gpu_minor * _PER_GPU + gpu_instance_id * _PER_GI
+    return gi_minor if compute_instance_id is None else gi_minor + 1 + compute_instance_id
+
+
+def mig_minors_text(gpu_count: int) -> str:
+    """The contents of ``/proc/driver/nvidia-caps/mig-minors`` for ``gpu_count`` GPUs."""
+    lines = ["config 1", "monitor 2"]
+    for gpu in range(gpu_count):
+        for gi in range(_GI_IDS):
+            lines.append(f"gpu{gpu}/gi{gi}/access {mig_cap_minor(gpu, gi)}")
+            lines.extend(
+                f"gpu{gpu}/gi{gi}/ci{ci}/access {mig_cap_minor(gpu, gi, ci)}" for ci in range(_CI_IDS)
+            )
+    return "\n".join(lines) + "\n"
+
+
+def write_root(model: MachineModel, root: str | os.PathLike[str]) -> Path:
+    """Create the host files of ``model`` under ``root`` (made if missing); returns the root.
+
+    ``/dev`` nodes are empty regular files: enough for code that checks they exist.
+    """
+    base = Path(root)
+    caps = base / "proc" / "driver" / "nvidia-caps"
+    caps.mkdir(parents=True, exist_ok=True)
+    (caps / "mig-minors").write_text(mig_minors_text(len(model.gpus)))
+    for spec in model.gpus:
+        device = base / "sys" / "bus" / "pci" / "devices" / normalize_pci_bus_id(spec.bus_id)
+        device.mkdir(parents=True, exist_ok=True)
+        (device / "numa_node").write_text(f"{-1 if spec.numa_node is None else spec.numa_node}\n")
+    dev = base / "dev"
+    (dev / "nvidia-caps").mkdir(parents=True, exist_ok=True)
+    nodes = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"]
+    nodes += [f"nvidia{minor}" for minor in range(len(model.gpus))]
+    nodes += ["nvidia-caps/nvidia-cap1", "nvidia-caps/nvidia-cap2"]
+    for minor, spec in enumerate(model.gpus):
+        if spec.mig_enabled:
+            # The driver creates cap nodes for the instances that exist; covering every ID is simpler
+            # and harmless for a stand-in.
+            nodes += [
+                f"nvidia-caps/nvidia-cap{mig_cap_minor(minor, gi, ci)}"
+                for gi in range(_GI_IDS)
+                for ci in (None, *range(_CI_IDS))
+            ]
+    for node in nodes:
+        (dev / node).touch()
+    lib = base / LIBRARY_DIR
+    lib.mkdir(parents=True, exist_ok=True)
+    (lib / "libnvidia-ml.so.1").touch()
+    return base

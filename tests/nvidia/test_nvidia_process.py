@@ -1,0 +1,122 @@
+"""devplug-nvidia as a real process on the fake NVML's machine models, against a FakeKubelet."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+from anyio.abc import Process
+
+from devplug.testing import FakeKubelet
+from devplug_nvidia.testing import fake_nvml, write_root
+
+pytestmark = pytest.mark.anyio
+_NVIDIA_ENV = ("MIG_STRATEGY", "CONFIG_FILE", "FAIL_ON_INIT_ERROR", "NVIDIA_DRIVER_ROOT", "DEVPLUG_FAKE_NVML")
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in _NVIDIA_ENV}
+
+
+@asynccontextmanager
+async def devplug_nvidia(log: Path, *args: str) -> AsyncIterator[Process]:
+    """devplug-nvidia with ``args``; SIGTERM at the end, which must end it with status 0."""
+    command = [sys.executable, "-m", "devplug_nvidia", "--log-format", "json", *args]
+    with log.open("w") as out:
+        process = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=out, env=_env())
+        async with process:
+            try:
+                yield process
+            finally:
+                if process.returncode is None:
+                    process.send_signal(signal.SIGTERM)
+                    with anyio.fail_after(5):
+                        assert await process.wait() == 0, log.read_text()[-2000:]
+
+
+async def test_dgx_a100_serves_eight_gpus(short_dir: Path) -> None:
+    root = write_root(fake_nvml("dgx-a100").model, short_dir / "root")
+    dp = short_dir / "dp"
+    args = ("--fake-nvml", "dgx-a100", "--driver-root", str(root), "--device-plugin-dir", str(dp))
+    async with FakeKubelet(dp) as kubelet, devplug_nvidia(short_dir / "log", *args, "--pass-device-specs"):
+        reg = await kubelet.wait_for_registration("nvidia.com/gpu", timeout=20)
+        assert reg.endpoint.startswith("nvidia.com-gpu-")
+        devices = await kubelet.wait_for_devices("nvidia.com/gpu", lambda ds: len(ds) == 8)
+        assert all(d.id.startswith("GPU-") and d.healthy for d in devices)
+        assert [d.numa_nodes for d in devices] == [(3,), (3,), (1,), (1,), (7,), (7,), (5,), (5,)]
+        allocation = await kubelet.allocate("nvidia.com/gpu", [devices[2].id, devices[0].id])
+        assert allocation.envs["NVIDIA_VISIBLE_DEVICES"] == f"{devices[2].id},{devices[0].id}"
+        gpu_nodes = [
+            s.container_path for s in allocation.devices if s.container_path.startswith("/dev/nvidia")
+        ]
+        assert "/dev/nvidia2" in gpu_nodes and "/dev/nvidia0" in gpu_nodes
+        assert all(s.host_path.startswith(str(root)) for s in allocation.devices)
+
+
+async def test_mig_mixed_serves_one_resource_per_profile(short_dir: Path) -> None:
+    root = write_root(fake_nvml("mig-mixed").model, short_dir / "root")
+    dp = short_dir / "dp"
+    args = ("--fake-nvml", "mig-mixed", "--driver-root", str(root), "--device-plugin-dir", str(dp))
+    async with (
+        FakeKubelet(dp) as kubelet,
+        devplug_nvidia(short_dir / "log", *args, "--mig-strategy", "mixed"),
+    ):
+        mig = await kubelet.wait_for_devices("nvidia.com/mig-1g.5gb", lambda ds: len(ds) >= 7, timeout=20)
+        assert all(d.id.startswith("MIG-") for d in mig)
+        for resource in ("nvidia.com/gpu", "nvidia.com/mig-2g.10gb", "nvidia.com/mig-1g.5gb.me"):
+            await kubelet.wait_for_registration(resource, timeout=20)
+        await kubelet.restart()
+        await kubelet.wait_for_registration("nvidia.com/mig-1g.5gb", count=2)
+
+
+async def test_single_strategy_error_exits_2(short_dir: Path) -> None:
+    root = write_root(fake_nvml("mig-mixed").model, short_dir / "root")
+    result = await anyio.run_process(
+        [
+            sys.executable,
+            "-m",
+            "devplug_nvidia",
+            "--fake-nvml",
+            "mig-mixed",
+            "--driver-root",
+            str(root),
+            "--mig-strategy",
+            "single",
+            "--device-plugin-dir",
+            str(short_dir / "dp"),
+        ],
+        check=False,
+        env=_env(),
+    )
+    assert result.returncode == 2
+    err = result.stderr.decode()
+    assert err.count("\n") == 1 and "single" in err, err
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a real NVIDIA driver is present here")
+async def test_no_driver_fails_or_idles(short_dir: Path) -> None:
+    # Real nvidia-ml-py, no driver on this machine: NVML cannot load its library.
+    dp = short_dir / "dp"
+    result = await anyio.run_process(
+        [sys.executable, "-m", "devplug_nvidia", "--device-plugin-dir", str(dp)], check=False, env=_env()
+    )
+    assert result.returncode == 1
+    err = result.stderr.decode()
+    assert "libnvidia-ml.so.1" in err and "Traceback" not in err, err
+    # fail-on-init-error=false: stays up, advertises nothing, says why once.
+    log = short_dir / "idle.log"
+    async with (
+        FakeKubelet(dp) as kubelet,
+        devplug_nvidia(log, "--fail-on-init-error=false", "--device-plugin-dir", str(dp)),
+    ):
+        await anyio.sleep(1.0)
+        assert kubelet.registrations == []
+    assert log.read_text().count("init_failed_idle") == 1
