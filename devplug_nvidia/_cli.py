@@ -1,91 +1,161 @@
-"""The ``devplug-nvidia`` process: settings, discovery, CDI spec, one server per resource."""
+"""The ``devplug-nvidia`` process: settings, discovery, sharing, CDI spec, one health monitor,
+one server per resource."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import anyio
 import structlog
 
 import devplug
 from devplug.errors import ConfigError, DevplugError
 from devplug.logging import configure as configure_logging
 from devplug_nvidia._allocate import imex_channels, present_nodes
+from devplug_nvidia._sharing import apply_sharing
 from devplug_nvidia.config import NvidiaSettings, load_nvidia_settings
+from devplug_nvidia.discovery import GPU_RESOURCE, InitStatus, discover_or_idle, nvml_source
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from devplug_nvidia._allocate import ImexChannel
+    from devplug_nvidia._health import HealthMonitor
+    from devplug_nvidia._links import LinkMatrix
     from devplug_nvidia._model import GpuRecord
+    from devplug_nvidia._sharing import SharedResource
+    from devplug_nvidia.plugin import NvidiaPlugin
 
 __all__ = ["main"]
 
 PROG = "devplug-nvidia"
 log = structlog.get_logger("devplug_nvidia")
-
-
-class InitError(DevplugError):
-    """NVML (or discovery) could not start; the message says what to check."""
-
-
-def discover_records(config: NvidiaSettings) -> dict[str, list[GpuRecord]]:
-    """Resource name → records, from :func:`devplug_nvidia.discovery.discover`.
-
-    Raises:
-        InitError: discovery is unavailable or NVML failed to start.
-        ConfigError: the configuration does not fit the machine (e.g. MIG single strategy errors).
-    """
-    try:
-        from devplug_nvidia.discovery import discover
-    except ImportError as exc:
-        raise InitError(f"device discovery is not available: {exc}") from None
-    try:
-        return discover(config)
-    except ConfigError:
-        raise
-    except DevplugError as exc:
-        raise InitError(str(exc)) from exc
+STATUS = InitStatus()
+"""Whether start-up found the devices, and why not: what a readiness check reports."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the plugin; returns the exit status (2: bad configuration, 1: init failure)."""
+    """Run the plugin (or ``labels``); returns the exit status (2: bad configuration, 1: init failure)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["labels"]:
+        from devplug_nvidia import labels
+
+        return labels.main(args[1:])
     try:
-        settings = load_nvidia_settings(argv, prog=PROG)
+        settings = load_nvidia_settings(args, prog=PROG)
+        configure_logging(settings.log_format, settings.log_level)
+        plugins, monitor = prepare(settings)
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_format, settings.log_level)
-    try:
-        by_resource = discover_records(settings)
-    except ConfigError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
-    except InitError as exc:
-        if settings.fail_on_init_error:
-            print(f"{PROG}: {exc}", file=sys.stderr)
-            return 1
-        # Upstream blocks forever here; say why once and advertise nothing.
-        log.warning("init_failed_idle", reason=str(exc), advertising="nothing", fail_on_init_error=False)
-        by_resource = {}
-    dev_view = Path(settings.effective_dev_root)
-    present = present_nodes(dev_view)
-    try:
-        imex = imex_channels(settings.imex_channel_ids, dev_view, required=settings.imex_required)
-    except FileNotFoundError as exc:
+    except (DevplugError, FileNotFoundError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
+    if not plugins:
+        log.warning("no_devices", note="serving no resources")
+    anyio.run(serve, plugins, settings, monitor, backend="asyncio")
+    return 0
+
+
+def prepare(settings: NvidiaSettings) -> tuple[list[NvidiaPlugin], HealthMonitor | None]:
+    """Discovery, sharing, the CDI spec, the health monitor and the link matrix: the plugins to serve.
+
+    Raises:
+        ConfigError: the configuration does not fit the machine (exit 2).
+        DevplugError: NVML failed and fail-on-init-error is true (exit 1).
+        FileNotFoundError: a required IMEX channel is missing (exit 1).
+    """
+    # fail-on-init-error=false: an NVML failure leaves STATUS not ready with the reason, logged
+    # once, and nothing advertised (upstream blocks silently instead).
+    by_resource = discover_or_idle(settings, STATUS)
+    dev_view = Path(settings.effective_dev_root)
+    present = present_nodes(dev_view)
+    imex = imex_channels(settings.imex_channel_ids, dev_view, required=settings.imex_required)
+    resources = apply_sharing(by_resource, settings.sharing)
+    records = [r for rs in by_resource.values() for r in rs]
     if settings.any_cdi:
         from devplug_nvidia._cdi import write_cdi_spec
 
-        records = [r for rs in by_resource.values() for r in rs]
         for path in write_cdi_spec(records, settings, present=present, imex=imex):
             log.info("cdi_spec_written", path=str(path))
+    monitor = health_monitor(settings, records)
+    links = read_link_matrix(settings) if by_resource.get(GPU_RESOURCE) else None
+    plugins = build_plugins(resources, settings, present=present, imex=imex, health=monitor, links=links)
+    return plugins, monitor
+
+
+def health_monitor(settings: NvidiaSettings, records: Sequence[GpuRecord]) -> HealthMonitor | None:
+    """The process's health monitor over every discovered record (None when there are none).
+
+    ``DP_DISABLE_HEALTHCHECKS`` / ``DP_ENABLE_HEALTHCHECKS`` and the config file's ``health``
+    section decide which events and XIDs count; the quiet period
+    before a recoverable XID's device is Healthy again is ``--health.recovery-cooldown``.
+    """
+    if not records:
+        return None
+    from devplug_nvidia._health import HealthMonitor
+    from devplug_nvidia._xids import XidFilter
+
+    return HealthMonitor(
+        records,
+        module=nvml_source(settings).module,
+        driver_root=settings.driver_root,
+        settings=settings.health,
+        # health_config: the config file's health section (None where the settings lack it).
+        xids=XidFilter.from_config(getattr(settings, "health_config", None), os.environ),
+    )
+
+
+def read_link_matrix(settings: NvidiaSettings) -> LinkMatrix | None:
+    """The GPUs' link matrix, read once at start-up for preferred allocation (None if NVML fails:
+    allocation then goes by NUMA locality, and says why in the log)."""
+    from devplug_nvidia._links import read_links
+
+    try:
+        with nvml_source(settings).open() as nvml:
+            return read_links(nvml)
+    except DevplugError as exc:
+        log.warning("link_matrix_unavailable", error=str(exc))
+        return None
+
+
+def build_plugins(
+    resources: Mapping[str, SharedResource],
+    settings: NvidiaSettings,
+    *,
+    present: frozenset[str],
+    imex: Sequence[ImexChannel],
+    health: HealthMonitor | None = None,
+    links: LinkMatrix | None = None,
+) -> list[NvidiaPlugin]:
+    """One plugin per served resource (after sharing and renames), by name."""
+    from devplug_nvidia._mps import MpsDaemon
     from devplug_nvidia.plugin import NvidiaPlugin
 
-    plugins = [
-        NvidiaPlugin(name, records, settings, present=present, imex=imex)
-        for name, records in sorted(by_resource.items())
-        if records
-    ]
-    if not plugins:
-        log.warning("no_devices", note="serving no resources")
-    return devplug.run(plugins, settings)
+    plugins = []
+    for name, resource in sorted(resources.items()):
+        if not resource.records:
+            continue
+        mps = None
+        if resource.strategy == "mps" and resource.shared and settings.mps_root:
+            mps = MpsDaemon.for_resource(name, settings.mps_root, settings.host_root)
+        plugins.append(
+            NvidiaPlugin.for_resource(
+                resource, settings, present=present, imex=imex, health=health, mps=mps, links=links
+            )
+        )
+    return plugins
+
+
+async def serve(
+    plugins: Sequence[NvidiaPlugin], settings: NvidiaSettings, monitor: HealthMonitor | None
+) -> None:
+    """Serve ``plugins`` until SIGTERM / SIGINT, with ``monitor`` running next to them."""
+    async with anyio.create_task_group() as tg:
+        if monitor is not None:
+            tg.start_soon(monitor.run)
+        await devplug.serve(plugins, settings)
+        tg.cancel_scope.cancel()

@@ -24,6 +24,7 @@ __all__ = [
     "ConfigFileV1",
     "FileFlags",
     "GfdFlags",
+    "HealthConfig",
     "ImexConfig",
     "NamedResource",
     "PluginFlags",
@@ -274,6 +275,46 @@ class ImexConfig(_Strict):
     required: bool = False
 
 
+EventType = Literal["EventTypeXidCriticalError", "EventTypeDoubleBitEccError", "EventTypeSingleBitEccError"]
+
+
+class HealthConfig(_Strict):
+    """``health`` (upstream's newer health-check section): which NVML events are watched and
+    which XIDs count. Parsed and validated here; acted on by the health checker."""
+
+    disabled: bool = False
+    event_types: tuple[EventType, ...] = Field(default=(), alias="eventTypes")
+    """Empty: upstream's default, all three event types."""
+    ignored_xids: tuple[int, ...] = Field(default=(), alias="ignoredXIDs")
+    """Empty: upstream's default application XIDs (13, 31, 43, 45, 68, 109)."""
+    critical_xids: Literal["all"] | tuple[int, ...] | None = Field(default=None, alias="criticalXIDs")
+    """``all`` (also the meaning of unset) or the only XIDs that make a device unhealthy."""
+
+    @field_validator("critical_xids", mode="before")
+    @classmethod
+    def _all(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value.lower() != "all":
+                raise ValueError(f"criticalXIDs must be 'all' or a list of XIDs, got {value!r}")
+            return "all"
+        return value
+
+    @field_validator("ignored_xids", "critical_xids")
+    @classmethod
+    def _unsigned(cls, value: Any) -> Any:
+        if isinstance(value, tuple) and any(x < 0 for x in value):
+            raise ValueError("XIDs are non-negative numbers")
+        return value
+
+    @model_validator(mode="after")
+    def _no_conflict(self) -> HealthConfig:
+        if isinstance(self.critical_xids, tuple):
+            both = sorted(set(self.critical_xids) & set(self.ignored_xids))
+            if both:
+                raise ValueError(f"XID {both[0]} is in both ignoredXIDs and criticalXIDs")
+        return self
+
+
 class ConfigFileV1(_Strict):
     """The whole file."""
 
@@ -282,6 +323,7 @@ class ConfigFileV1(_Strict):
     resources: Resources | None = None
     sharing: Sharing = Sharing()
     imex: ImexConfig = ImexConfig()
+    health: HealthConfig | None = None
 
     @field_validator("version", mode="before")
     @classmethod

@@ -11,7 +11,14 @@ from devplug.errors import ConfigError
 if TYPE_CHECKING:
     from devplug_nvidia._model import GpuRecord
 
-__all__ = ["GPU_RESOURCE", "MigStrategy", "MigStrategyError", "apply_mig_strategy", "mig_resource_name"]
+__all__ = [
+    "GPU_RESOURCE",
+    "MigStrategy",
+    "MigStrategyError",
+    "apply_mig_strategy",
+    "check_sharing",
+    "mig_resource_name",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -95,6 +102,26 @@ def _single(
             "use one profile everywhere or mig-strategy mixed"
         )
     return _without_empty({GPU_RESOURCE: migs})
+
+
+def check_sharing(resources: dict[str, list[GpuRecord]], sharing: str) -> None:
+    """Sharing rules that only the discovered devices can decide: MPS cannot share MIG devices,
+    and with the single strategy those are advertised as ``nvidia.com/gpu``, so the config file
+    alone does not show it.
+
+    Raises:
+        MigStrategyError: MPS is configured and MIG devices are advertised.
+    """
+    if sharing != "mps":
+        return
+    migs = [(name, r) for name, rs in resources.items() for r in rs if r.kind == "mig"]
+    if migs:
+        name, record = migs[0]
+        raise MigStrategyError(
+            f"MPS sharing (sharing.mps) is not supported for MIG devices, but {name} is served by "
+            f"{len(migs)} MIG device(s) (e.g. {record.index}, {record.uuid}); use time-slicing, "
+            "disable MIG, or use mig-strategy none"
+        )
 
 
 def _without_empty(resources: dict[str, list[GpuRecord]]) -> dict[str, list[GpuRecord]]:

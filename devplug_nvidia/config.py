@@ -26,6 +26,7 @@ from devplug.settings import Settings, load_settings
 from devplug_nvidia._config_file import (
     ConfigFileV1,
     DeviceListStrategy,
+    HealthConfig,
     ImexConfig,
     Resources,
     Sharing,
@@ -171,6 +172,8 @@ class NvidiaSettings(Settings):
     """sharing.timeSlicing / sharing.mps of the config file."""
     resources: CliSuppress[Resources | None] = None
     """resources.gpus / resources.mig naming patterns of the config file."""
+    health_config: CliSuppress[HealthConfig | None] = None
+    """The config file's health section (event types, ignored / critical XIDs)."""
 
     @classmethod
     def settings_customise_sources(
@@ -249,6 +252,8 @@ def _file_values(parsed: ConfigFileV1) -> dict[str, Any]:
     values: dict[str, Any] = {"sharing": parsed.sharing}
     if parsed.resources is not None:
         values["resources"] = parsed.resources
+    if parsed.health is not None:
+        values["health_config"] = parsed.health
     flags = parsed.flags
     for src, dst in _FILE_FLAGS.items():
         if (value := getattr(flags, src)) is not None:

@@ -6,6 +6,7 @@ records into resources; :func:`discover` does both from the plugin's settings.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -19,6 +20,7 @@ from devplug_nvidia._discovery_strategy import (
     MigStrategy,
     MigStrategyError,
     apply_mig_strategy,
+    check_sharing,
     mig_resource_name,
 )
 from devplug_nvidia._model import GpuRecord, MigInfo
@@ -30,14 +32,19 @@ if TYPE_CHECKING:
 __all__ = [
     "GPU_RESOURCE",
     "DiscoverySettings",
+    "InitStatus",
     "MigStrategy",
     "MigStrategyError",
+    "NvmlSource",
     "apply_mig_strategy",
+    "check_sharing",
     "discover",
     "discover_devices",
+    "discover_or_idle",
     "mig_memory_gb",
     "mig_profile_name",
     "mig_resource_name",
+    "nvml_source",
     "read_mig_minors",
 ]
 
@@ -63,6 +70,47 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+@dataclass(frozen=True)
+class NvmlSource:
+    """Where NVML comes from for the settings: the real library, or a fake machine model whose
+    ``sys`` and ``proc`` trees lie under the driver root."""
+
+    module: Any
+    """The pynvml-like module (None: the real ``pynvml``)."""
+    sysfs: Path
+    proc: Path
+    driver_root: str
+
+    def open(self) -> Nvml:
+        """Open NVML (close it, or use it as a context manager). Raises NvmlError."""
+        return Nvml.open(self.module, driver_root=self.driver_root)
+
+
+def nvml_source(
+    settings: DiscoverySettings,
+    *,
+    module: Any = None,
+    sysfs: str | os.PathLike[str] | None = None,
+    proc: str | os.PathLike[str] | None = None,
+) -> NvmlSource:
+    """The NVML to use: ``module`` if given, else the fake model ``settings.fake_nvml``, else pynvml.
+
+    Raises:
+        NvmlError: the fake model name is unknown.
+    """
+    root = Path(settings.driver_root)
+    if module is None and settings.fake_nvml:
+        from devplug_nvidia.testing import fake_nvml
+
+        try:
+            module = fake_nvml(settings.fake_nvml)
+        except KeyError as exc:
+            raise NvmlError(str(exc.args[0]), code=_nvml.NOT_FOUND) from None
+        sysfs = root / "sys" if sysfs is None else sysfs
+        proc = root / "proc" if proc is None else proc
+    return NvmlSource(module, Path(sysfs or "/sys"), Path(proc or "/proc"), settings.driver_root)
+
+
 def discover(
     settings: DiscoverySettings,
     *,
@@ -80,19 +128,57 @@ def discover(
         NvmlError: NVML could not start or a call failed; the message says what to check.
         MigStrategyError: the MIG strategy does not fit the machine (a ``ConfigError``).
     """
-    root = Path(settings.driver_root)
-    if module is None and settings.fake_nvml:
-        from devplug_nvidia.testing import fake_nvml
+    source = nvml_source(settings, module=module, sysfs=sysfs, proc=proc)
+    with source.open() as nvml:
+        records = discover_devices(nvml, sysfs=source.sysfs, proc=source.proc)
+    resources = apply_mig_strategy(records, settings.mig_strategy)
+    sharing = getattr(settings, "sharing", None)
+    if sharing is not None:
+        check_sharing(resources, sharing.strategy)
+    return resources
 
-        try:
-            module = fake_nvml(settings.fake_nvml)
-        except KeyError as exc:
-            raise NvmlError(str(exc.args[0]), code=_nvml.NOT_FOUND) from None
-        sysfs = root / "sys" if sysfs is None else sysfs
-        proc = root / "proc" if proc is None else proc
-    with Nvml.open(module, driver_root=settings.driver_root) as nvml:
-        records = discover_devices(nvml, sysfs=sysfs or "/sys", proc=proc or "/proc")
-    return apply_mig_strategy(records, settings.mig_strategy)
+
+@dataclass
+class InitStatus:
+    """Whether start-up found the devices, and if not why: what a readiness check reports.
+
+    The process keeps one; :func:`discover_or_idle` fills it in. ``ready`` False with a
+    ``reason`` is the ``fail-on-init-error=false`` idle state (up, advertising nothing).
+    """
+
+    ready: bool = False
+    """Discovery succeeded (possibly finding no devices)."""
+    reason: str | None = None
+    """Why not ready (the NVML error, saying what to check); None when ready or not started."""
+
+    def mark_ready(self) -> None:
+        self.ready, self.reason = True, None
+
+    def mark_failed(self, reason: str) -> None:
+        self.ready, self.reason = False, reason
+
+
+def discover_or_idle(
+    settings: DiscoverySettings, status: InitStatus, **kwargs: Any
+) -> dict[str, list[GpuRecord]]:
+    """:func:`discover`, honouring ``fail-on-init-error``: when false, an NVML failure leaves
+    ``status`` not ready with the reason, is logged once, and nothing is advertised.
+
+    Raises:
+        NvmlError: NVML failed and ``settings.fail_on_init_error`` is true (the default).
+        MigStrategyError: the configuration does not fit the machine (always fatal: exit 2).
+    """
+    try:
+        resources = discover(settings, **kwargs)
+    except NvmlError as exc:
+        if getattr(settings, "fail_on_init_error", True):
+            status.mark_failed(str(exc))
+            raise
+        status.mark_failed(str(exc))
+        log.warning("init_failed_idle", reason=str(exc), advertising="nothing", fail_on_init_error=False)
+        return {}
+    status.mark_ready()
+    return resources
 
 
 def discover_devices(

@@ -1,8 +1,10 @@
 """Writes the files a fake machine's host would have under one root directory.
 
-``<root>/proc/driver/nvidia-caps/mig-minors``, ``<root>/sys/bus/pci/devices/<bus>/numa_node``,
-``<root>/dev/nvidia*`` stand-ins (plain empty files) and a ``libnvidia-ml.so.1`` stand-in under
-``<root>/usr/lib/x86_64-linux-gnu``, so discovery and Allocate can be pointed at it.
+``<root>/proc/driver/nvidia-caps/mig-minors``, ``<root>/sys/bus/pci/devices/<bus>/{numa_node,class}``,
+``<root>/dev/nvidia*`` stand-ins (plain empty files), and a user-space driver of the model's
+version: libraries (``libnvidia-ml.so.1`` and ``lib*.so.<version>``) under
+``<root>/usr/lib/x86_64-linux-gnu``, binaries under ``<root>/usr/bin``, GSP firmware and the
+persistenced socket, so discovery, Allocate and CDI specs can be pointed at it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,22 @@ _CI_IDS = 8
 _PER_GI = 1 + _CI_IDS
 _PER_GPU = _GI_IDS * _PER_GI
 LIBRARY_DIR = "usr/lib/x86_64-linux-gnu"
+DRIVER_LIBRARIES = (
+    "libcuda.so",
+    "libcudadebugger.so",
+    "libnvidia-allocator.so",
+    "libnvidia-cfg.so",
+    "libnvidia-ml.so",
+    "libnvidia-nvvm.so",
+    "libnvidia-opencl.so",
+    "libnvidia-ptxjitcompiler.so",
+    "libnvidia-encode.so",
+    "libnvcuvid.so",
+    "libnvidia-opticalflow.so",
+)
+"""Libraries written as ``<name>.<driver version>`` (plus ``vdpau/libvdpau_nvidia.so.<version>``)."""
+DRIVER_BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control")
+GSP_FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 
 
 def mig_cap_minor(gpu_minor: int, gpu_instance_id: int, compute_instance_id: int | None = None) -> int:
@@ -56,6 +74,7 @@ def write_root(model: MachineModel, root: str | os.PathLike[str]) -> Path:
         device = base / "sys" / "bus" / "pci" / "devices" / normalize_pci_bus_id(spec.bus_id)
         device.mkdir(parents=True, exist_ok=True)
         (device / "numa_node").write_text(f"{-1 if spec.numa_node is None else spec.numa_node}\n")
+        (device / "class").write_text(f"0x{spec.pci_class:06x}\n")
     dev = base / "dev"
     (dev / "nvidia-caps").mkdir(parents=True, exist_ok=True)
     nodes = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"]
@@ -72,7 +91,25 @@ def write_root(model: MachineModel, root: str | os.PathLike[str]) -> Path:
             ]
     for node in nodes:
         (dev / node).touch()
-    lib = base / LIBRARY_DIR
-    lib.mkdir(parents=True, exist_ok=True)
-    (lib / "libnvidia-ml.so.1").touch()
+    _write_driver(base, model.driver_version)
     return base
+
+
+def _write_driver(base: Path, version: str) -> None:
+    lib = base / LIBRARY_DIR
+    (lib / "vdpau").mkdir(parents=True, exist_ok=True)
+    for name in ("libnvidia-ml.so.1", "libcuda.so.1", *(f"{n}.{version}" for n in DRIVER_LIBRARIES)):
+        (lib / name).touch()
+    (lib / "vdpau" / f"libvdpau_nvidia.so.{version}").touch()
+    (lib / "libnvidia-nvvm70.so.4").touch()
+    bin_dir = base / "usr" / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for binary in DRIVER_BINARIES:
+        (bin_dir / binary).touch(mode=0o755)
+    firmware = base / "lib" / "firmware" / "nvidia" / version
+    firmware.mkdir(parents=True, exist_ok=True)
+    for name in GSP_FIRMWARE:
+        (firmware / name).touch()
+    socket = base / "var" / "run" / "nvidia-persistenced"
+    socket.mkdir(parents=True, exist_ok=True)
+    (socket / "socket").touch()

@@ -76,6 +76,8 @@ class GpuSpec:
     supported_events: int = (
         C.nvmlEventTypeXidCriticalError | C.nvmlEventTypeDoubleBitEccError | C.nvmlEventTypeSingleBitEccError
     )
+    pci_class: int = 0x030200
+    """PCI class code in sysfs: ``0x030200`` (3D controller: compute mode), ``0x030000`` (VGA: graphics)."""
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,14 @@ async def test_dgx_a100_serves_eight_gpus(short_dir: Path) -> None:
         ]
         assert "/dev/nvidia2" in gpu_nodes and "/dev/nvidia0" in gpu_nodes
         assert all(s.host_path.startswith(str(root)) for s in allocation.devices)
+        # Preferred allocation through the link matrix read at start-up: every pair has 12
+        # NVLinks through the NVSwitches, so the PCIe switch a pair shares decides (0-1, 2-3, ...).
+        ids = [d.id for d in devices]
+        assert (await kubelet.get_options("nvidia.com/gpu")).get_preferred_allocation_available
+        chosen = await kubelet.preferred_allocation("nvidia.com/gpu", ids, [ids[2]], 2)
+        assert chosen == [ids[2], ids[3]]
+        chosen = await kubelet.preferred_allocation("nvidia.com/gpu", ids[1:], [], 2)
+        assert set(chosen) in ({ids[2], ids[3]}, {ids[4], ids[5]}, {ids[6], ids[7]})
 
 
 async def test_mig_mixed_serves_one_resource_per_profile(short_dir: Path) -> None:
@@ -75,6 +83,21 @@ async def test_mig_mixed_serves_one_resource_per_profile(short_dir: Path) -> Non
             await kubelet.wait_for_registration(resource, timeout=20)
         await kubelet.restart()
         await kubelet.wait_for_registration("nvidia.com/mig-1g.5gb", count=2)
+
+
+async def test_labels_subcommand(short_dir: Path) -> None:
+    root = write_root(fake_nvml("dgx-h100").model, short_dir / "root")
+    out = short_dir / "features.d" / "gfd"
+    result = await anyio.run_process(
+        [sys.executable, "-m", "devplug_nvidia", "labels", "--oneshot", "--no-timestamp",
+         "--fake-nvml", "dgx-h100", "--driver-root", str(root), "--output-file", str(out)],
+        check=False,
+        env=_env(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()
+    labels = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert labels["nvidia.com/gpu.count"] == "8"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
 
 
 async def test_single_strategy_error_exits_2(short_dir: Path) -> None:

@@ -1,0 +1,269 @@
+"""Real-hardware check of devplug_nvidia: what it finds on this machine's GPUs, as one JSON document.
+
+python bench/nvidia_real.py [--fake-nvml MODEL] [--out FILE]
+
+Runs, against the real NVML (``pynvml``): discovery, the link matrix and preferred allocation,
+a full plugin served to a FakeKubelet with Allocate under every device-list strategy, the
+feature labels, and an event-set round trip (register the health events, wait with a short
+timeout, free). Without an NVIDIA GPU it says so and exits 0. ``--fake-nvml`` runs the same
+steps on a fake machine model, to check the script itself where there is no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from devplug.logging import configure as configure_logging
+from devplug.testing import FakeKubelet, serving
+from devplug_nvidia._links import LinkMatrix, read_links
+from devplug_nvidia._nvml import Nvml, NvmlError
+from devplug_nvidia._preferred import preferred
+from devplug_nvidia.discovery import apply_mig_strategy, discover_devices
+from devplug_nvidia.labels import LabelSettings, node_labels
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from devplug.models import Device
+    from devplug_nvidia._config_file import DeviceListStrategy
+    from devplug_nvidia._model import GpuRecord
+
+STRATEGIES: tuple[DeviceListStrategy, ...] = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
+EVENT_WAIT_MS = 500
+
+
+def _step(report: dict[str, Any], name: str, func: Callable[[], Any]) -> Any:
+    """Run one step; its result or its error goes into the report, the check goes on."""
+    start = time.perf_counter()
+    try:
+        result = func()
+    except Exception as exc:
+        report[name] = {"error": _describe(exc), "trace": traceback.format_exc(limit=4)}
+        return None
+    report[name] = result
+    report.setdefault("seconds", {})[name] = round(time.perf_counter() - start, 3)
+    return result
+
+
+def _open(fake: str | None, root: Path | None) -> Nvml:
+    if fake is None:
+        return Nvml.open()
+    from devplug_nvidia.testing import fake_nvml, write_root
+
+    module = fake_nvml(fake)
+    assert root is not None
+    write_root(module.model, root)
+    return Nvml.open(module)
+
+
+def _record_json(record: GpuRecord) -> dict[str, Any]:
+    return {
+        "kind": record.kind,
+        "index": record.index,
+        "uuid": record.uuid,
+        "name": record.name,
+        "memory_mib": record.memory_mib,
+        "bus_id": record.bus_id,
+        "numa_node": record.numa_node,
+        "compute_capability": list(record.compute_capability),
+        "mig_enabled": record.mig_enabled,
+        "mig_profile": record.mig.profile if record.mig else None,
+    }
+
+
+def _timings(records: Sequence[GpuRecord], links: LinkMatrix) -> dict[str, Any]:
+    """Preferred allocation over this machine's matrix: each size, its choice and the call's time."""
+    gpus = {r.uuid: r for r in records if r.kind == "gpu"}
+    ids = list(gpus)
+    out: dict[str, Any] = {}
+    for size in range(1, len(ids) + 1):
+        samples = []
+        for _ in range(50):
+            start = time.perf_counter()
+            chosen = preferred(ids, [], size, records_by_id=gpus, links=links)
+            samples.append((time.perf_counter() - start) * 1e6)
+        samples.sort()
+        out[str(size)] = {
+            "chosen": [gpus[c].index for c in chosen],
+            "score": links.set_score(chosen),
+            "p50_us": round(statistics.median(samples), 1),
+            "max_us": round(samples[-1], 1),
+        }
+    return out
+
+
+def _event_round_trip(nvml: Nvml, records: Sequence[GpuRecord]) -> dict[str, Any]:
+    """Register the health events on every GPU, wait once with a short timeout, free the set."""
+    wanted = 0
+    for name in (
+        "nvmlEventTypeXidCriticalError",
+        "nvmlEventTypeDoubleBitEccError",
+        "nvmlEventTypeSingleBitEccError",
+    ):
+        wanted |= nvml.const(name)
+    event_set = nvml.call("nvmlEventSetCreate")
+    registered, skipped = [], {}
+    try:
+        for record in records:
+            if record.kind != "gpu":
+                continue
+            handle = nvml.call("nvmlDeviceGetHandleByUUID", record.uuid)
+            try:
+                supported = int(nvml.call("nvmlDeviceGetSupportedEventTypes", handle)) & wanted
+                nvml.call("nvmlDeviceRegisterEvents", handle, supported, event_set)
+                registered.append({"gpu": record.index, "mask": hex(supported)})
+            except NvmlError as exc:
+                skipped[record.index] = f"{exc.call}: code {exc.code}"
+        start = time.perf_counter()
+        try:
+            event = nvml.call("nvmlEventSetWait", event_set, EVENT_WAIT_MS)
+            outcome: Any = {"event_type": int(event.eventType), "data": int(event.eventData)}
+        except NvmlError as exc:
+            outcome = {"error_code": exc.code, "timeout": exc.code == 10}
+        waited = round((time.perf_counter() - start) * 1000, 1)
+    finally:
+        nvml.call("nvmlEventSetFree", event_set)
+    return {
+        "registered": registered,
+        "skipped": skipped,
+        "wait_ms": EVENT_WAIT_MS,
+        "waited_ms": waited,
+        **outcome,
+    }
+
+
+async def _plugin_round(records: list[GpuRecord], links: LinkMatrix) -> dict[str, Any]:
+    """A full plugin per device-list strategy against a FakeKubelet: register, list, Allocate."""
+    from devplug_nvidia.config import NvidiaSettings
+    from devplug_nvidia.plugin import NvidiaPlugin
+
+    resources = apply_mig_strategy(records, "none")
+    gpus = resources.get("nvidia.com/gpu", [])
+    by_id = {r.uuid: r for r in gpus}
+
+    class Plugin(NvidiaPlugin):
+        # The preferred-allocation hook as the plugin is meant to wire it (uuid device IDs).
+        async def preferred_allocation(
+            self, available: Sequence[Device], must_include: Sequence[Device], size: int
+        ) -> Sequence[str] | None:
+            return preferred(
+                [d.id for d in available],
+                [d.id for d in must_include],
+                size,
+                records_by_id=by_id,
+                links=links,
+                policy=self.config.shared_devices_allocation_policy,
+            )
+
+    results: dict[str, Any] = {}
+    for strategy in STRATEGIES:
+        # A kubelet of its own per strategy: each plugin registers on a clean socket directory.
+        dp = Path(tempfile.mkdtemp(prefix="dpn-", dir="/tmp"))
+        config = NvidiaSettings(device_list_strategy=(strategy,), device_plugin_dir=dp)
+        try:
+            with anyio.fail_after(30):
+                async with (
+                    FakeKubelet(dp) as kubelet,
+                    serving(Plugin("nvidia.com/gpu", gpus, config), kubelet),
+                ):
+                    listed = await kubelet.wait_for_devices("nvidia.com/gpu", lambda ds: len(ds) == len(gpus))
+                    ids = [d.id for d in listed]
+                    allocation = await kubelet.allocate("nvidia.com/gpu", ids[:2])
+                    entry: dict[str, Any] = {
+                        "devices": len(ids),
+                        "healthy": sum(d.healthy for d in listed),
+                        "numa": [list(d.numa_nodes) for d in listed],
+                        "envs": dict(allocation.envs),
+                        "mounts": [m.container_path for m in allocation.mounts],
+                        "annotations": dict(allocation.annotations),
+                        "cdi_devices": list(allocation.cdi_devices),
+                    }
+                    if len(ids) > 1:
+                        entry["preferred_2"] = await kubelet.preferred_allocation(
+                            "nvidia.com/gpu", ids, (), 2
+                        )
+                    results[strategy] = entry
+        except Exception as exc:
+            results[strategy] = {"error": _describe(exc)}
+        finally:
+            _remove(dp)
+    return results
+
+
+def _describe(exc: BaseException) -> str:
+    """The leaf errors of an exception (groups flattened), one line."""
+    inner = getattr(exc, "exceptions", None)  # an exception group (Python >= 3.11)
+    if isinstance(inner, tuple) and inner:
+        return "; ".join(_describe(e) for e in inner)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _remove(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--fake-nvml", metavar="MODEL", help="use a fake machine model instead of pynvml")
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    # Logs to stderr, warnings up: stdout carries the JSON.
+    configure_logging("console", "warning", stream=sys.stderr)
+    report: dict[str, Any] = {"fake_nvml": args.fake_nvml}
+    work = Path(tempfile.mkdtemp(prefix="nvreal-"))
+    root = work / "root" if args.fake_nvml else None
+    try:
+        nvml = _open(args.fake_nvml, root)
+    except NvmlError as exc:
+        report |= {"gpu": False, "reason": str(exc)}
+        print(json.dumps(report, indent=2))
+        return 0
+    sysfs = root / "sys" if root else Path("/sys")
+    proc = root / "proc" if root else Path("/proc")
+    with nvml:
+        _step(report, "driver", lambda: str(nvml.call("nvmlSystemGetDriverVersion")))
+        count = _step(report, "gpu_count", lambda: int(nvml.call("nvmlDeviceGetCount")))
+        report["gpu"] = bool(count)
+        if not count:
+            report.setdefault("reason", "NVML lists no GPU")
+            print(json.dumps(report, indent=2))
+            return 0
+        records = _step(report, "discovery", lambda: discover_devices(nvml, sysfs=sysfs, proc=proc)) or []
+        if records:
+            report["discovery"] = [_record_json(r) for r in records]
+        links = _step(report, "link_matrix", lambda: read_links(nvml))
+        if isinstance(links, LinkMatrix):
+            report["link_matrix"] = links.describe()
+            _step(report, "preferred_allocation", lambda: _timings(records, links))
+        settings = LabelSettings(no_timestamp=True)
+        _step(report, "labels", lambda: node_labels(nvml, settings, sysfs=sysfs, proc=proc))
+        _step(report, "event_round_trip", lambda: _event_round_trip(nvml, records))
+    if records and isinstance(links, LinkMatrix):
+        _step(report, "plugin", lambda: anyio.run(_plugin_round, records, links))
+    text = json.dumps(report, indent=2, default=str)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    failed = [k for k, v in report.items() if isinstance(v, dict) and "error" in v]
+    plugin = report.get("plugin")
+    if isinstance(plugin, dict):
+        failed += [f"plugin.{k}" for k, v in plugin.items() if isinstance(v, dict) and "error" in v]
+    print(f"# steps failed: {failed or 'none'}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

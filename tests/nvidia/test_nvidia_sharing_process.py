@@ -1,0 +1,117 @@
+"""devplug-nvidia as a process with sharing configured: the resources served after renames."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.abc import Process
+
+from devplug import KubeletError
+from devplug.testing import FakeKubelet
+from devplug_nvidia.testing import fake_nvml, write_root
+
+pytestmark = pytest.mark.anyio
+_NVIDIA_ENV = (
+    "MIG_STRATEGY",
+    "CONFIG_FILE",
+    "FAIL_ON_INIT_ERROR",
+    "NVIDIA_DRIVER_ROOT",
+    "DEVPLUG_FAKE_NVML",
+    "DP_DISABLE_HEALTHCHECKS",
+    "DP_ENABLE_HEALTHCHECKS",
+)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in _NVIDIA_ENV} | extra
+
+
+@asynccontextmanager
+async def plugin_process(
+    log: Path, args: list[str], env: dict[str, str] | None = None
+) -> AsyncIterator[Process]:
+    command = [sys.executable, "-m", "devplug_nvidia", "--log-format", "json", *args]
+    with log.open("w") as out:
+        process = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=out, env=env or _env())
+        async with process:
+            try:
+                yield process
+            finally:
+                if process.returncode is None:
+                    process.send_signal(signal.SIGTERM)
+                    with anyio.fail_after(5):
+                        assert await process.wait() == 0, log.read_text()[-2000:]
+
+
+def _args(short_dir: Path, model: str, config: dict[str, Any]) -> list[str]:
+    root = write_root(fake_nvml(model).model, short_dir / "root")
+    config_file = short_dir / "config.json"
+    config_file.write_text(json.dumps(config))
+    return [
+        "--fake-nvml",
+        model,
+        "--driver-root",
+        str(root),
+        "--device-plugin-dir",
+        str(short_dir / "dp"),
+        "--config-file",
+        str(config_file),
+    ]
+
+
+async def test_time_slicing_subset_and_renames_are_served(short_dir: Path) -> None:
+    config = {
+        "sharing": {
+            "timeSlicing": {
+                "renameByDefault": True,
+                "failRequestsGreaterThanOne": True,
+                "resources": [{"name": "nvidia.com/gpu", "devices": [0, 1], "replicas": 3}],
+            }
+        }
+    }
+    args = _args(short_dir, "pcie-a10", config)
+    async with FakeKubelet(short_dir / "dp") as kubelet, plugin_process(short_dir / "log", args):
+        shared = await kubelet.wait_for_devices("nvidia.com/gpu.shared", lambda ds: len(ds) == 6, timeout=20)
+        whole = await kubelet.wait_for_devices("nvidia.com/gpu", lambda ds: len(ds) == 2, timeout=20)
+        assert all("::" in d.id for d in shared) and not any("::" in d.id for d in whole)
+        assert [d.numa_nodes for d in shared] == [(0,)] * 6
+        got = await kubelet.allocate("nvidia.com/gpu.shared", [shared[4].id])
+        assert got.envs["NVIDIA_VISIBLE_DEVICES"] == shared[4].id.split("::")[0]
+        with pytest.raises(KubeletError) as info:
+            await kubelet.allocate("nvidia.com/gpu.shared", [shared[0].id, shared[3].id])
+        assert "invalid request: maximum request size for shared resources is 1; found 2" in str(info.value)
+        # Whole GPUs are not shared: two of them in one request are fine.
+        got = await kubelet.allocate("nvidia.com/gpu", [d.id for d in whole])
+        assert got.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(d.id for d in whole)
+
+
+async def test_sharing_error_exits_2_with_one_line(short_dir: Path) -> None:
+    config = {
+        "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "devices": 9, "replicas": 2}]}}
+    }
+    args = _args(short_dir, "pcie-a10", config)
+    result = await anyio.run_process([sys.executable, "-m", "devplug_nvidia", *args], check=False, env=_env())
+    assert result.returncode == 2
+    err = result.stderr.decode()
+    assert err.count("\n") == 1 and "requested 9 devices to be replicated, but only 4" in err, err
+
+
+async def test_health_checks_disabled_by_environment(short_dir: Path) -> None:
+    args = _args(short_dir, "pcie-a10", {})
+    log = short_dir / "log"
+    env = _env(DP_DISABLE_HEALTHCHECKS="all")
+    async with FakeKubelet(short_dir / "dp") as kubelet, plugin_process(log, args, env):
+        await kubelet.wait_for_devices("nvidia.com/gpu", lambda ds: len(ds) == 4, timeout=20)
+        with anyio.fail_after(5):
+            while "health_checks_disabled" not in log.read_text():  # noqa: ASYNC110 - another process's log
+                await anyio.sleep(0.05)
