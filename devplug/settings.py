@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar
@@ -60,7 +61,8 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged."""
     metrics_address: str | None = None
-    """HOST:PORT for metrics and probes; off unless set."""
+    """HOST:PORT (or :PORT for every interface) serving /metrics, /healthz, /readyz and
+    /debug/state; off unless set (needs the metrics extra: pip install 'devplug[metrics]')."""
     config: Path | None = None
     """A YAML or JSON file of settings (field names as keys); flags and DEVPLUG_* override it."""
     cdi_dir: Path = Path("/var/run/cdi")
@@ -79,6 +81,15 @@ class Settings(BaseSettings):
     def _positive(cls, value: float) -> float:
         if value <= 0:
             raise ValueError("must be greater than 0")
+        return value
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]*):\d{1,5}", value):
+            raise ValueError("expected HOST:PORT, :PORT or [IPv6]:PORT")
+        if value is not None and int(value.rpartition(":")[2]) > 65535:
+            raise ValueError("port must be at most 65535")
         return value
 
     @property

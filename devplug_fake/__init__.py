@@ -32,12 +32,19 @@ __all__ = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``devplug-fake``: serve the fake resources until SIGTERM / SIGINT."""
+    """Entry point of ``devplug-fake``: serve the fake resources until SIGTERM / SIGINT.
+
+    SIGHUP re-reads ``--config``: a resource whose configuration is unchanged keeps its plugin
+    object, so only the changed ones are restarted.
+    """
     from devplug import run
 
-    return run(
-        lambda settings: [FakePlugin(r) for r in settings.resource_configs()],
-        settings_cls=FakeSettings,
-        argv=argv,
-        prog="devplug-fake",
-    )
+    plugins: dict[FakeResource, FakePlugin] = {}
+
+    def build(settings: FakeSettings) -> list[FakePlugin]:
+        kept = {r: plugins.get(r) or FakePlugin(r) for r in settings.resource_configs()}
+        plugins.clear()
+        plugins.update(kept)
+        return list(kept.values())
+
+    return run(build, settings_cls=FakeSettings, argv=argv, prog="devplug-fake")

@@ -14,6 +14,7 @@ import structlog
 import devplug
 from devplug.errors import ConfigError, DevplugError
 from devplug.logging import configure as configure_logging
+from devplug.metrics import require_prometheus
 from devplug_nvidia._allocate import imex_channels, present_nodes
 from devplug_nvidia._sharing import apply_sharing
 from devplug_nvidia.config import NvidiaSettings, load_nvidia_settings
@@ -46,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         return labels.main(args[1:])
     try:
         settings = load_nvidia_settings(args, prog=PROG)
+        if settings.metrics_address:
+            require_prometheus()
         configure_logging(settings.log_format, settings.log_level)
         plugins, monitor = prepare(settings)
     except ConfigError as exc:
@@ -157,5 +160,13 @@ async def serve(
     async with anyio.create_task_group() as tg:
         if monitor is not None:
             tg.start_soon(monitor.run)
-        await devplug.serve(plugins, settings)
+        await devplug.serve(plugins, settings, readiness=[init_readiness])
         tg.cancel_scope.cancel()
+
+
+def init_readiness() -> str | None:
+    """``/readyz``'s condition for start-up: not ready, with the reason, while STATUS says so
+    (fail-on-init-error=false after an NVML failure: up, advertising nothing)."""
+    if STATUS.ready:
+        return None
+    return f"device discovery failed: {STATUS.reason}" if STATUS.reason else "device discovery has not run"

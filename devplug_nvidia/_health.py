@@ -33,6 +33,7 @@ import anyio
 import structlog
 
 from devplug.health import HealthPolicy, HealthSettings, Signal
+from devplug.metrics import event_counter
 from devplug.models import Health
 from devplug_nvidia import _nvml
 from devplug_nvidia._nvml import Nvml, NvmlError
@@ -44,12 +45,18 @@ if TYPE_CHECKING:
 
     from devplug_nvidia._model import GpuRecord
 
-__all__ = ["WHOLE_GPU", "HealthMonitor"]
+__all__ = ["WHOLE_GPU", "XID_EVENTS", "HealthMonitor"]
 
 log = structlog.get_logger("devplug_nvidia.health")
 
 WHOLE_GPU = 0xFFFFFFFF
 """The GPU- / compute-instance ID of an event that concerns the whole GPU."""
+
+XID_EVENTS = event_counter(
+    "devplug_nvidia_xid_events_total",
+    "XID events (double-bit ECC: 48) reported by NVML, by code and verdict (recoverable, fatal, ignored).",
+    ("xid", "verdict"),
+)
 
 _XID_EVENT = "nvmlEventTypeXidCriticalError"
 _DBE_EVENT = "nvmlEventTypeDoubleBitEccError"
@@ -283,6 +290,7 @@ class HealthMonitor:
         xid = _DBE_XID if event.event_type == _DBE_EVENT_TYPE else event.data
         kind = "double-bit ECC error" if event.event_type == _DBE_EVENT_TYPE else f"XID {xid}"
         verdict = self.xids.verdict(xid)
+        XID_EVENTS.inc(xid, verdict)
         if verdict == "ignored":
             log.info("xid_ignored", xid=xid, gpu=event.gpu)
             return

@@ -33,6 +33,7 @@ from devplug._core.servicer import (
 )
 from devplug._core.sockets import SocketServer, SocketUnavailableError, file_identity, unique_socket_name
 from devplug._core.state import DeviceState
+from devplug._core.telemetry import ResourceCounters
 from devplug.errors import RegistrationError
 from devplug.models import Device
 
@@ -43,9 +44,10 @@ if TYPE_CHECKING:
     from devplug.plugin import DevicePlugin
     from devplug.settings import Settings
 
-RestartReason = Literal["start", "kubelet_restarted", "socket_deleted"]
-# Why a registration happened; "watcher": the kubelet's plugin watcher reported success.
-RegistrationReason = Literal["start", "kubelet_restarted", "socket_deleted", "watcher"]
+RestartReason = Literal["start", "replaced", "kubelet_restarted", "socket_deleted"]
+# Why a registration happened; "replaced": the resource was restarted with a new plugin or new
+# settings (a reload); "watcher": the kubelet's plugin watcher reported success.
+RegistrationReason = Literal["start", "replaced", "kubelet_restarted", "socket_deleted", "watcher"]
 
 
 @dataclass
@@ -56,7 +58,8 @@ class ResourceStatus:
     socket: str | None = None
     registered: bool = False
     registrations: list[tuple[float, RegistrationReason]] = field(default_factory=list)
-    """(time.time(), reason) of every accepted registration."""
+    """(time.time(), reason) of every accepted registration of this resource name in this
+    process (a restarted resource keeps the history)."""
     last_error: str | None = None
     stats: ServiceStats = field(default_factory=ServiceStats)
 
@@ -64,12 +67,26 @@ class ResourceStatus:
 class ResourceRunner:
     """Runs one :class:`DevicePlugin` until cancelled."""
 
-    def __init__(self, plugin: DevicePlugin, settings: Settings, watcher: DirWatcher) -> None:
+    def __init__(
+        self,
+        plugin: DevicePlugin,
+        settings: Settings,
+        watcher: DirWatcher,
+        *,
+        counters: ResourceCounters | None = None,
+        first_reason: RestartReason = "start",
+    ) -> None:
         self.plugin = plugin
         self.settings = settings
         self.watcher = watcher
         self.state = DeviceState()
-        self.status = ResourceStatus(plugin.resource_name)
+        self.counters = counters if counters is not None else ResourceCounters(plugin.resource_name)
+        self._first_reason: RestartReason = first_reason
+        # The history is the counters' list: a restarted resource keeps it.
+        self.status = ResourceStatus(
+            plugin.resource_name,
+            registrations=self.counters.registrations,  # type: ignore[arg-type]
+        )
         self._log = structlog.get_logger("devplug.resource").bind(resource=plugin.resource_name)
         # Only plugins that define cdi_spec pay for it.
         self._cdi = CdiSync(plugin, settings.cdi_dir, self._log) if plugin.writes_cdi_spec() else None
@@ -135,11 +152,13 @@ class ResourceRunner:
             await self._cdi.update(items)
 
     def _publish(self, items: tuple[Device, ...]) -> None:
+        before = self.state.current
         try:
             changed = self.state.publish(items)
         except ValueError as exc:
             self._log.error("invalid_device_list", error=str(exc))
             return
+        self.counters.count_transitions(before, self.state.current)
         if changed:
             snapshot = self.state.current
             self._log.info(
@@ -162,6 +181,7 @@ class ResourceRunner:
             self._log.bind(socket=name),
             host_path_check=self.settings.host_path_check,
             host_root=self.settings.host_root,
+            counters=self.counters,
         )
         self.status.stats = service.stats
         watcher_service = None
@@ -192,7 +212,7 @@ class ResourceRunner:
             self._log.info("stopped", socket=name)
 
     async def _run_kubelet_mode(self) -> None:
-        reason: RestartReason = "start"
+        reason = self._first_reason
         kubelet = self.settings.kubelet_socket_path
         while True:
             if file_identity(kubelet) is None:

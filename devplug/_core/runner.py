@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
+import datetime
 import signal
 import sys
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import anyio
 import structlog
 
 from devplug._core.backoff import Backoff
-from devplug._core.resource import ResourceRunner, ResourceStatus
+from devplug._core.introspect import not_ready_reason, resource_state
+from devplug._core.resource import ResourceRunner, ResourceStatus, RestartReason
+from devplug._core.telemetry import ResourceCounters
 from devplug._core.watch import DirWatcher
 from devplug.errors import ConfigError
 from devplug.logging import configure as configure_logging
+from devplug.metrics import require_prometheus
 from devplug.plugin import DevicePlugin
 from devplug.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup, TaskStatus
+
+    from devplug._core.probes import ProbeServer
+    from devplug.models import Device
 
 log = structlog.get_logger("devplug.runner")
 S = TypeVar("S", bound=Settings)
@@ -39,28 +49,150 @@ class PluginSource(Protocol):
 
 Plugins = DevicePlugin | Iterable[DevicePlugin] | PluginSource
 
+Readiness = Callable[[], "str | None"]
+"""A readiness condition: None when it holds, else why the process is not ready."""
+
+Reload = Callable[[], "tuple[Settings, DevicePlugin | Iterable[DevicePlugin]]"]
+"""Re-reads the configuration (on SIGHUP): the new settings and the new set of plugins; raises
+ConfigError for an invalid configuration, which is then logged and not applied."""
+
+# Bound when the process starts (directories watched, the registration mode, the metrics
+# port): a reload that changes them is refused, and the process needs a restart.
+FIXED_SETTINGS = (
+    "device_plugin_dir",
+    "kubelet_socket",
+    "registration",
+    "plugins_registry_dir",
+    "metrics_address",
+)
+_LOGGING = ("log_format", "log_level")
+# What every resource runs with: a change restarts them all.
+_RESOURCE_SETTINGS = tuple(
+    name for name in Settings.model_fields if name not in (*FIXED_SETTINGS, *_LOGGING, "config")
+)
+
+
+@dataclass
+class _Running:
+    plugin: DevicePlugin
+    runner: ResourceRunner
+    scope: anyio.CancelScope
+    done: anyio.Event
+
 
 class Runner:
-    """Serves a set of plugins until cancelled or signalled; see :func:`devplug.serve`."""
+    """Serves a set of plugins until cancelled or signalled; see :func:`devplug.serve`.
 
-    def __init__(self, plugins: Plugins, settings: Settings | None = None) -> None:
+    Args:
+        plugins: one plugin, several, or a :class:`PluginSource`.
+        settings: the runner options (default: :class:`Settings` defaults).
+        readiness: extra conditions of ``/readyz`` (a backend's "no GPU found"), each returning
+            None when it holds or the reason it does not; :meth:`add_readiness` adds more.
+        reload: what SIGHUP (or :meth:`reload`) calls for a new configuration; resources whose
+            plugin object or settings changed are restarted, the others keep serving. Not with
+            a :class:`PluginSource`, which changes the set by itself.
+
+    Raises:
+        ValueError: ``reload`` together with a :class:`PluginSource`.
+    """
+
+    def __init__(
+        self,
+        plugins: Plugins,
+        settings: Settings | None = None,
+        *,
+        readiness: Iterable[Readiness] = (),
+        reload: Reload | None = None,
+    ) -> None:
+        if reload is not None and isinstance(plugins, PluginSource):
+            raise ValueError("reload cannot be combined with a PluginSource")
         self.plugins = plugins
         self.settings = settings or Settings()
-        self._running: dict[str, tuple[DevicePlugin, ResourceRunner, anyio.CancelScope]] = {}
+        self.counters: dict[str, ResourceCounters] = {}
+        """What each resource name has counted since the process started (metrics)."""
+        self.reloads: Counter[str] = Counter()
+        """Reloads by result: applied, failed."""
+        self.history: deque[dict[str, object]] = deque(maxlen=100)
+        """The runner's recent events (resources added, restarted, removed; reloads)."""
+        self.probes: ProbeServer | None = None
+        """The metrics and probes server, while it runs (``metrics_address``)."""
+        self._readiness = list(readiness)
+        self._reload = reload
+        self._running: dict[str, _Running] = {}
         self._started = anyio.Event()
+        self._lock = anyio.Lock()
+        self._tg: TaskGroup | None = None
+        self._watcher: DirWatcher | None = None
 
     @property
     def resources(self) -> dict[str, ResourceStatus]:
         """The status of every resource served now, by resource name."""
-        return {name: runner.status for name, (_, runner, _) in self._running.items()}
+        return {name: r.runner.status for name, r in self._running.items()}
+
+    def devices(self, resource: str) -> tuple[Device, ...]:
+        """The devices ``resource`` lists now (empty for a resource not served)."""
+        running = self._running.get(resource)
+        return running.runner.state.current.devices if running is not None else ()
+
+    def add_readiness(self, check: Readiness) -> None:
+        """Add a readiness condition (see the class arguments)."""
+        self._readiness.append(check)
 
     async def wait_started(self) -> None:
         """Wait until the watchers run and the first set of plugins has been started."""
         await self._started.wait()
 
+    def readiness(self) -> tuple[bool, list[str]]:
+        """Whether the process is ready, and if not every reason why.
+
+        Ready: the first set of plugins is started, every extra condition holds, and every
+        resource is registered (in plugin-watcher mode: the kubelet said so) with a device list
+        sent on a ListAndWatch stream that is still open since its last (re)registration.
+        """
+        reasons = [] if self._started.is_set() else ["starting"]
+        for check in self._readiness:
+            try:
+                why = check()
+            except Exception as exc:
+                why = f"readiness check failed: {exc}"
+            if why:
+                reasons.append(why)
+        for name, running in sorted(self._running.items()):
+            why = not_ready_reason(running.runner)
+            if why:
+                reasons.append(f"{name}: {why}")
+        return not reasons, reasons
+
+    def debug_state(self) -> dict[str, Any]:
+        """What each resource last sent to the kubelet, its registration history, readiness."""
+        ready, reasons = self.readiness()
+        return {
+            "ready": ready,
+            "not_ready": reasons,
+            "registration": self.settings.registration,
+            "resources": {
+                name: resource_state(running.runner) for name, running in sorted(self._running.items())
+            },
+            "events": list(self.history),
+        }
+
     async def run(self, *, handle_signals: bool = True) -> None:
-        """Serve until cancelled, or until SIGTERM / SIGINT when ``handle_signals`` is true."""
+        """Serve until cancelled, or until SIGTERM / SIGINT when ``handle_signals`` is true.
+
+        With ``handle_signals``, SIGHUP reloads the configuration (:meth:`reload`) and SIGUSR1
+        logs :meth:`debug_state`.
+
+        Raises:
+            ConfigError: ``metrics_address`` is set but prometheus-client is missing, or its
+                port cannot be bound.
+        """
         settings = self.settings
+        if settings.metrics_address:
+            require_prometheus()
+            from devplug._core.probes import ProbeServer
+
+            self.probes = ProbeServer(self, settings.metrics_address)
+            await self.probes.bind()
         # One inotify watch set for the process: the sockets' directory, and in kubelet mode
         # the kubelet socket's own directory when it is configured elsewhere.
         if settings.registration == "watcher":
@@ -69,24 +201,75 @@ class Runner:
         else:
             directory = settings.device_plugin_dir
             watcher = DirWatcher(directory, settings.kubelet_socket_path.parent)
-        async with anyio.create_task_group() as tg:
-            if handle_signals:
-                tg.start_soon(self._stop_on_signal, tg)
-            await tg.start(watcher.run)
-            log.info("started", registration=settings.registration, directory=str(directory))
-            try:
-                if isinstance(self.plugins, PluginSource):
-                    async for plugins in self.plugins.watch_plugins():
-                        await self._apply(tg, watcher, plugins)
-                    log.warning("plugin_source_ended", keeping=sorted(self._running))
-                else:
-                    plugins = [self.plugins] if isinstance(self.plugins, DevicePlugin) else list(self.plugins)
-                    await self._apply(tg, watcher, plugins)
-                await anyio.sleep_forever()
-            finally:
-                log.info("stopping", resources=sorted(self._running))
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg, self._watcher = tg, watcher
+                if handle_signals:
+                    tg.start_soon(self._handle_signals, tg)
+                if self.probes is not None:
+                    tg.start_soon(self.probes.serve)
+                await tg.start(watcher.run)
+                log.info("started", registration=settings.registration, directory=str(directory))
+                try:
+                    if isinstance(self.plugins, PluginSource):
+                        async for plugins in self.plugins.watch_plugins():
+                            async with self._lock:
+                                await self._apply(plugins)
+                        log.warning("plugin_source_ended", keeping=sorted(self._running))
+                    else:
+                        async with self._lock:
+                            await self._apply(_as_list(self.plugins))
+                    await anyio.sleep_forever()
+                finally:
+                    log.info("stopping", resources=sorted(self._running))
+        finally:
+            if self.probes is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.probes.aclose()
 
-    async def _apply(self, tg: TaskGroup, watcher: DirWatcher, plugins: Sequence[DevicePlugin]) -> None:
+    async def reload(self) -> bool:
+        """Apply a new configuration from the ``reload`` callback; whether it was applied.
+
+        Resources whose plugin object changed, or all of them when the settings they run with
+        changed, are restarted; the others keep serving. An invalid configuration, or one that
+        changes a setting bound at start (:data:`FIXED_SETTINGS`), is logged and not applied.
+        """
+        if self._reload is None:
+            log.warning("reload_unavailable", note="this runner has no configuration to re-read")
+            return False
+        async with self._lock:
+            try:
+                settings, plugins = self._reload()
+                fixed = [f for f in FIXED_SETTINGS if getattr(settings, f) != getattr(self.settings, f)]
+                if fixed:
+                    raise ConfigError(f"{', '.join(fixed)} cannot change without a restart")
+            except Exception as exc:
+                self.reloads["failed"] += 1
+                error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+                log.error("reload_failed", error=error, keeping="the current configuration")
+                self._record("reload_failed", error=error)
+                return False
+            old, self.settings = self.settings, settings
+            if any(getattr(old, f) != getattr(settings, f) for f in _LOGGING):
+                configure_logging(settings.log_format, settings.log_level)
+            changed = [f for f in _RESOURCE_SETTINGS if getattr(old, f) != getattr(settings, f)]
+            changes = await self._apply(_as_list(plugins), restart_all=bool(changed))
+            self.reloads["applied"] += 1
+            log.info("reloaded", settings_changed=changed, **changes)
+            self._record("reloaded", settings_changed=changed, **changes)
+            return True
+
+    def _record(self, event: str, **fields: object) -> None:
+        at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+        self.history.append({"at": at, "event": event, **fields})
+
+    async def _apply(
+        self, plugins: Sequence[DevicePlugin], *, restart_all: bool = False
+    ) -> dict[str, list[str]]:
+        """Make ``plugins`` the served set; returns the names added, restarted, removed, kept."""
+        tg, watcher = self._tg, self._watcher
+        assert tg is not None, "run() first"
+        assert watcher is not None, "run() first"
         wanted: dict[str, DevicePlugin] = {}
         for plugin in plugins:
             name = getattr(plugin, "resource_name", None)
@@ -97,48 +280,97 @@ class Runner:
                 log.error("duplicate_resource", resource=name)
                 continue
             wanted[name] = plugin
-        for name, (plugin, _, scope) in list(self._running.items()):
-            if wanted.get(name) is not plugin:
-                log.info("resource_removed" if name not in wanted else "resource_replaced", resource=name)
-                scope.cancel()
-                del self._running[name]
+        changes: dict[str, list[str]] = {"added": [], "restarted": [], "removed": [], "unchanged": []}
+        stopping = []
+        for name, running in list(self._running.items()):
+            change = _change_of(running.plugin, wanted.get(name), restart_all=restart_all)
+            changes[change].append(name)
+            if change == "unchanged":
+                continue
+            log.info(f"resource_{change}", resource=name)
+            running.scope.cancel()
+            stopping.append(running.done)
+            del self._running[name]
+        # The old server is gone before its successor registers: a kubelet that sees two
+        # endpoints of one resource may drop the new one when the old one's stream ends.
+        for done in stopping:
+            await done.wait()
         for name, plugin in wanted.items():
-            if name not in self._running:
-                runner = ResourceRunner(plugin, self.settings, watcher)
-                scope = await tg.start(self._run_resource, runner)
-                self._running[name] = (plugin, runner, scope)
+            if name in self._running:
+                continue
+            counters = self.counters.setdefault(name, ResourceCounters(name))
+            reason: RestartReason = "replaced" if name in changes["restarted"] else "start"
+            runner = ResourceRunner(plugin, self.settings, watcher, counters=counters, first_reason=reason)
+            done = anyio.Event()
+            scope = await tg.start(self._run_resource, runner, done)
+            self._running[name] = _Running(plugin, runner, scope, done)
+            if reason == "start":
+                changes["added"].append(name)
+        for event in ("added", "restarted", "removed"):
+            for name in changes[event]:
+                self._record(f"resource_{event}", resource=name)
         self._started.set()
+        return changes
 
     async def _run_resource(
-        self, runner: ResourceRunner, *, task_status: TaskStatus[anyio.CancelScope]
+        self, runner: ResourceRunner, done: anyio.Event, *, task_status: TaskStatus[anyio.CancelScope]
     ) -> None:
         backoff = Backoff(initial=1.0, maximum=30.0)
-        with anyio.CancelScope() as scope:
-            task_status.started(scope)
-            while True:
-                try:
-                    await runner.run()
-                except Exception:
-                    # A bug in one resource (or its plugin) must not take the others down.
-                    delay = backoff.next()
-                    log.exception("resource_failed", resource=runner.plugin.resource_name, retry_in=delay)
-                    await anyio.sleep(delay)
+        try:
+            with anyio.CancelScope() as scope:
+                task_status.started(scope)
+                while True:
+                    try:
+                        await runner.run()
+                    except Exception:
+                        # A bug in one resource (or its plugin) must not take the others down.
+                        delay = backoff.next()
+                        log.exception("resource_failed", resource=runner.plugin.resource_name, retry_in=delay)
+                        await anyio.sleep(delay)
+        finally:
+            done.set()
 
-    async def _stop_on_signal(self, tg: TaskGroup) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                log.info("signal_received", signal=signal.Signals(signum).name)
-                tg.cancel_scope.cancel()
-                return
+    async def _handle_signals(self, tg: TaskGroup) -> None:
+        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+        with anyio.open_signal_receiver(*signals) as received:
+            async for signum in received:
+                name = signal.Signals(signum).name
+                if signum == signal.SIGHUP:
+                    log.info("signal_received", signal=name, action="reload")
+                    tg.start_soon(self.reload)
+                elif signum == signal.SIGUSR1:
+                    log.info("debug_state", **self.debug_state())
+                else:
+                    log.info("signal_received", signal=name)
+                    tg.cancel_scope.cancel()
+                    return
 
 
-async def serve(plugins: Plugins, settings: Settings | None = None, *, handle_signals: bool = True) -> None:
+def _change_of(running: DevicePlugin, wanted: DevicePlugin | None, *, restart_all: bool) -> str:
+    if wanted is None:
+        return "removed"
+    return "restarted" if restart_all or wanted is not running else "unchanged"
+
+
+def _as_list(plugins: DevicePlugin | Iterable[DevicePlugin]) -> list[DevicePlugin]:
+    return [plugins] if isinstance(plugins, DevicePlugin) else list(plugins)
+
+
+async def serve(
+    plugins: Plugins,
+    settings: Settings | None = None,
+    *,
+    handle_signals: bool = True,
+    readiness: Iterable[Readiness] = (),
+    reload: Reload | None = None,
+) -> None:
     """Serve ``plugins`` to the kubelet until cancelled (or SIGTERM / SIGINT).
 
     ``plugins`` is one :class:`DevicePlugin`, several, or a :class:`PluginSource` that adds and
     removes resources at run time. Needs the asyncio backend (grpc.aio runs on asyncio).
+    ``readiness`` and ``reload`` are :class:`Runner`'s.
     """
-    await Runner(plugins, settings).run(handle_signals=handle_signals)
+    await Runner(plugins, settings, readiness=readiness, reload=reload).run(handle_signals=handle_signals)
 
 
 def run(
@@ -154,16 +386,55 @@ def run(
     Without ``settings``, the standard runner options are read from ``argv`` (default
     ``sys.argv[1:]``), ``DEVPLUG_*`` and ``--config`` into ``settings_cls``, and logging is
     configured from them; an invalid option prints one line and raises ``SystemExit(2)``.
+    SIGHUP then reads them again: when they changed, ``plugins`` (a factory) is called with the
+    new settings, and the resources whose plugin object is new are restarted (a factory that
+    returns the same object for an unchanged resource keeps it serving).
     ``plugins`` may be a factory taking the settings (a subclass of :class:`Settings` carries a
     backend's own options).
     """
+    name = prog or "devplug"
+    reload: Reload | None = None
     if settings is None:
         try:
             settings = load_settings(settings_cls, argv, prog=prog)
         except ConfigError as exc:
-            print(f"{prog or 'devplug'}: {exc}", file=sys.stderr)
+            print(f"{name}: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
         configure_logging(settings.log_format, settings.log_level)
-    resolved = plugins(settings) if callable(plugins) and not isinstance(plugins, DevicePlugin) else plugins
-    anyio.run(serve, resolved, settings, backend="asyncio")
+        reload = _reloader(plugins, settings, settings_cls, argv, prog)
+    resolved = _resolve(plugins, settings)
+    if isinstance(resolved, PluginSource):
+        reload = None
+    try:
+        anyio.run(partial(serve, resolved, settings, reload=reload), backend="asyncio")
+    except ConfigError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     return 0
+
+
+def _resolve(plugins: Plugins | Callable[[S], Plugins], settings: S) -> Plugins:
+    return plugins(settings) if callable(plugins) and not isinstance(plugins, DevicePlugin) else plugins
+
+
+def _reloader(
+    plugins: Plugins | Callable[[S], Plugins],
+    settings: S,
+    settings_cls: type[S],
+    argv: list[str] | None,
+    prog: str | None,
+) -> Reload:
+    """Re-read the options the way :func:`run` read them at start."""
+    last: list[Any] = [settings, None]
+
+    def reload() -> tuple[Settings, DevicePlugin | Iterable[DevicePlugin]]:
+        new = load_settings(settings_cls, argv, prog=prog)
+        if new == last[0] and last[1] is not None:
+            return new, last[1]  # nothing changed: the same objects, nothing restarts
+        resolved = _resolve(plugins, new)
+        if isinstance(resolved, PluginSource):
+            raise ConfigError("the reloaded configuration yields a plugin source; restart the process")
+        last[:] = [new, _as_list(resolved)]
+        return new, last[1]
+
+    return reload
