@@ -57,7 +57,7 @@ class Settings(BaseSettings):
     shutdown_grace: float = 0.5
     """Seconds in-flight RPCs get to finish on shutdown or restart."""
     log_format: Literal["auto", "json", "console"] = "auto"
-    """auto: JSON when stdout is not a terminal, console otherwise."""
+    """auto: JSON when stderr (where logs go) is not a terminal, console otherwise."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged."""
     metrics_address: str | None = None

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    except (DevplugError, FileNotFoundError) as exc:
+    except (DevplugError, OSError) as exc:  # e.g. an unwritable --cdi-dir: one line, exit 1
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     if not plugins:
@@ -69,7 +69,7 @@ def prepare(settings: NvidiaSettings) -> tuple[list[NvidiaPlugin], HealthMonitor
     Raises:
         ConfigError: the configuration does not fit the machine (exit 2).
         DevplugError: NVML failed and fail-on-init-error is true (exit 1).
-        FileNotFoundError: a required IMEX channel is missing (exit 1).
+        OSError: a required IMEX channel is missing, or the CDI spec cannot be written (exit 1).
     """
     # fail-on-init-error=false: an NVML failure leaves STATUS not ready with the reason, logged
     # once, and nothing advertised (upstream blocks silently instead).

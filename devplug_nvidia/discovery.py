@@ -108,7 +108,21 @@ def nvml_source(
             raise NvmlError(str(exc.args[0]), code=_nvml.NOT_FOUND) from None
         sysfs = root / "sys" if sysfs is None else sysfs
         proc = root / "proc" if proc is None else proc
-    return NvmlSource(module, Path(sysfs or "/sys"), Path(proc or "/proc"), settings.driver_root)
+    return NvmlSource(module, Path(sysfs or "/sys"), Path(proc or "/proc"), library_root(settings))
+
+
+def library_root(settings: DiscoverySettings) -> str:
+    """Where this process finds the driver's libraries.
+
+    ``--driver-root`` is the host's path; in a container the host driver root is mounted at
+    ``--driver-root-ctr-path`` (default ``/driver-root``), so the library is loaded from there
+    when that directory exists, and from the driver root itself otherwise (a plugin on the host,
+    or the fake NVML whose tree lies under the driver root).
+    """
+    container_root = getattr(settings, "driver_root_ctr_path", None)
+    if settings.driver_root != "/" and container_root and Path(container_root).is_dir():
+        return str(container_root)
+    return settings.driver_root
 
 
 def discover(

@@ -258,3 +258,18 @@ def test_real_nvml_discovery_every_strategy() -> None:
         except MigStrategyError:
             continue
         assert sum(len(v) for v in resources.values()) >= 1
+
+
+def test_library_is_loaded_from_the_container_mount_of_the_driver_root(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from devplug_nvidia.discovery import library_root
+
+    mounted = tmp_path / "driver-root"
+    mounted.mkdir()
+    host = SimpleNamespace(driver_root="/run/nvidia/driver", driver_root_ctr_path=str(mounted))
+    assert library_root(host) == str(mounted)  # type: ignore[arg-type]
+    missing = SimpleNamespace(driver_root="/run/nvidia/driver", driver_root_ctr_path=str(tmp_path / "none"))
+    assert library_root(missing) == "/run/nvidia/driver"  # type: ignore[arg-type]
+    on_host = SimpleNamespace(driver_root="/", driver_root_ctr_path=str(mounted))
+    assert library_root(on_host) == "/"  # type: ignore[arg-type]
