@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import structlog
 
 from devplug.errors import ConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from devplug_nvidia._model import GpuRecord
 
 __all__ = [
@@ -16,6 +18,7 @@ __all__ = [
     "MigStrategy",
     "MigStrategyError",
     "apply_mig_strategy",
+    "apply_naming",
     "check_sharing",
     "mig_resource_name",
 ]
@@ -126,3 +129,43 @@ def check_sharing(resources: dict[str, list[GpuRecord]], sharing: str) -> None:
 
 def _without_empty(resources: dict[str, list[GpuRecord]]) -> dict[str, list[GpuRecord]]:
     return {name: records for name, records in resources.items() if records}
+
+
+class _Pattern(Protocol):
+    name: str
+
+    def matches(self, text: str) -> bool: ...
+
+
+class _Naming(Protocol):
+    @property
+    def gpus(self) -> Sequence[_Pattern]: ...
+    @property
+    def mig(self) -> Sequence[_Pattern]: ...
+
+
+def apply_naming(resources: dict[str, list[GpuRecord]], naming: _Naming | None) -> dict[str, list[GpuRecord]]:
+    """Rename resources by the config file's ``resources.gpus`` / ``resources.mig`` patterns.
+
+    Upstream parses these and then ignores them; here the first pattern matching a full GPU's
+    product name (``resources.gpus``) or a MIG device's profile (``resources.mig``, mixed
+    strategy) names its resource. Devices that match no pattern keep the strategy's name.
+    """
+    if naming is None or not (naming.gpus or naming.mig):
+        return resources
+    renamed: dict[str, list[GpuRecord]] = {}
+    for name, records in resources.items():
+        for record in records:
+            target = name
+            if record.kind == "gpu":
+                target = _first_match(naming.gpus, record.name, name)
+            elif record.mig is not None and name.startswith("nvidia.com/mig-"):
+                target = _first_match(naming.mig, record.mig.profile, name)
+            renamed.setdefault(target, []).append(record)
+    if renamed.keys() != resources.keys():
+        log.info("resources_named", resources={k: len(v) for k, v in sorted(renamed.items())})
+    return renamed
+
+
+def _first_match(patterns: Sequence[_Pattern], text: str, default: str) -> str:
+    return next((p.name for p in patterns if p.matches(text)), default)

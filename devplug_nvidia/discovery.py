@@ -20,6 +20,7 @@ from devplug_nvidia._discovery_strategy import (
     MigStrategy,
     MigStrategyError,
     apply_mig_strategy,
+    apply_naming,
     check_sharing,
     mig_resource_name,
 )
@@ -145,7 +146,9 @@ def discover(
     source = nvml_source(settings, module=module, sysfs=sysfs, proc=proc)
     with source.open() as nvml:
         records = discover_devices(nvml, sysfs=source.sysfs, proc=source.proc)
-    resources = apply_mig_strategy(records, settings.mig_strategy)
+    resources = apply_naming(
+        apply_mig_strategy(records, settings.mig_strategy), getattr(settings, "resources", None)
+    )
     sharing = getattr(settings, "sharing", None)
     if sharing is not None:
         check_sharing(resources, sharing.strategy)

@@ -273,3 +273,37 @@ def test_library_is_loaded_from_the_container_mount_of_the_driver_root(tmp_path:
     assert library_root(missing) == "/run/nvidia/driver"  # type: ignore[arg-type]
     on_host = SimpleNamespace(driver_root="/", driver_root_ctr_path=str(mounted))
     assert library_root(on_host) == "/"  # type: ignore[arg-type]
+
+
+def test_resources_section_names_gpus_and_mig_profiles(tmp_path: Path) -> None:
+    from devplug_nvidia.config import load_nvidia_settings
+    from devplug_nvidia.discovery import discover
+    from devplug_nvidia.testing import fake_nvml, write_root
+
+    root = write_root(fake_nvml("mig-mixed").model, tmp_path / "root")
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "version: v1\n"
+        "resources:\n"
+        "  gpus: [{pattern: '*A100*', name: a100}]\n"
+        "  mig: [{pattern: '1g.5gb', name: mig-small}, {pattern: '*', name: mig-other}]\n"
+    )
+    settings = load_nvidia_settings(
+        [
+            "--config-file",
+            str(config),
+            "--mig-strategy",
+            "mixed",
+            "--fake-nvml",
+            "mig-mixed",
+            "--driver-root",
+            str(root),
+        ]
+    )
+    resources = discover(settings)
+    # Upstream parses these patterns and ignores them; here they name the resources.
+    assert "nvidia.com/gpu" not in resources
+    assert {r.kind for r in resources["nvidia.com/a100"]} == {"gpu"}
+    assert {r.mig.profile for r in resources["nvidia.com/mig-small"] if r.mig} == {"1g.5gb"}
+    other = {r.mig.profile for r in resources["nvidia.com/mig-other"] if r.mig}
+    assert "1g.5gb" not in other and "2g.10gb" in other
