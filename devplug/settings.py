@@ -128,15 +128,23 @@ def load_settings(cls: type[S], argv: list[str] | None = None, *, prog: str | No
         raise ConfigError(describe_validation_error(exc)) from None
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path) -> Any:
+    """The parsed content of a YAML (or JSON) config file.
+
+    Raises ConfigError, one line naming the file (and the line, for a syntax error).
+    """
     try:
-        data = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"config file {path}{where}: not valid YAML or JSON") from None
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    data = read_yaml(path)
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -12,10 +12,10 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from devplug.errors import ConfigError
+from devplug.settings import read_yaml
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -404,12 +404,4 @@ def parse_config(data: Any, path: Path) -> ConfigFileV1:
 
 def read_config_file(path: Path) -> ConfigFileV1:
     """Read and validate a v1 config file (YAML or JSON). Raises ConfigError (one line)."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"config file {path}{where}: not valid YAML or JSON") from None
-    return parse_config(data, path)
+    return parse_config(read_yaml(path), path)

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+from anyio.abc import Process
 
 import devplug
 import devplug.testing
 from devplug import ContainerAllocation, Device, DevicePlugin, DeviceSpec, Health, Plugins, Settings
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class Widgets(DevicePlugin):
@@ -99,3 +106,25 @@ async def wait_until(predicate: Callable[[], bool]) -> None:
     with anyio.fail_after(5):
         while not predicate():  # noqa: ASYNC110 - the state polled here has no event
             await anyio.sleep(0.01)
+
+
+@asynccontextmanager
+async def logged_process(
+    module: str, args: Sequence[str], log: Path | None = None, *, env: dict[str, str] | None = None
+) -> AsyncIterator[Process]:
+    """``python -m MODULE --log-format json ARGS``, its log in ``log`` (or discarded).
+
+    At the end the process gets SIGTERM, and must exit with status 0 within 5 s.
+    """
+    command = [sys.executable, "-m", module, "--log-format", "json", *args]
+    with open(log or os.devnull, "w") as out:  # noqa: ASYNC230 - opened once, before the process
+        process = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=out, env=env, cwd=ROOT)
+        async with process:
+            try:
+                yield process
+            finally:
+                if process.returncode is None:
+                    process.send_signal(signal.SIGTERM)
+                    with anyio.fail_after(5):
+                        code = await process.wait()
+                    assert code == 0, log.read_text()[-3000:] if log else f"exit status {code}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -17,6 +16,7 @@ import pytest
 from anyio.abc import Process
 
 from devplug.testing import FakeKubelet
+from tests.support import logged_process
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,16 +26,8 @@ RESOURCE = "example.com/fake"
 @asynccontextmanager
 async def devplug_fake(dp_dir: Path, *args: str) -> AsyncIterator[Process]:
     """devplug-fake serving ``dp_dir``; SIGTERM on exit, which must end it with status 0."""
-    command = [sys.executable, "-m", "devplug_fake", "--device-plugin-dir", str(dp_dir), *args]
-    process = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    async with process:
-        try:
-            yield process
-        finally:
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-                with anyio.fail_after(5):
-                    assert await process.wait() == 0
+    async with logged_process("devplug_fake", ["--device-plugin-dir", str(dp_dir), *args]) as process:
+        yield process
 
 
 def write_state(path: Path, devices: list[dict[str, object]], *, atomic: bool = True) -> None:

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,6 +12,8 @@ from typing import Any
 
 import anyio
 from anyio.abc import Process
+
+from tests.support import logged_process
 
 ROOT = Path(__file__).resolve().parents[2]
 _NVIDIA_ENV = ("MIG_STRATEGY", "CONFIG_FILE", "FAIL_ON_INIT_ERROR", "NVIDIA_DRIVER_ROOT", "DEVPLUG_FAKE_NVML")
@@ -34,19 +33,8 @@ def env() -> dict[str, str]:
 @asynccontextmanager
 async def plugin(log: Path, module: str, *args: str) -> AsyncIterator[Process]:
     """``python -m module --log-format json args``, its log in ``log``; SIGTERM must end it with 0."""
-    command = [sys.executable, "-m", module, "--log-format", "json", *args]
-    with log.open("w") as out:
-        process = await anyio.open_process(
-            command, stdout=subprocess.DEVNULL, stderr=out, env=env(), cwd=ROOT
-        )
-        async with process:
-            try:
-                yield process
-            finally:
-                if process.returncode is None:
-                    process.send_signal(signal.SIGTERM)
-                    with anyio.fail_after(5):
-                        assert await process.wait() == 0, log.read_text()[-3000:]
+    async with logged_process(module, args, log, env=env()) as process:
+        yield process
 
 
 async def get(port: int, path: str, *, accept: str | None = None) -> tuple[int, dict[str, str], bytes]:

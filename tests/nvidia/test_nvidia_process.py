@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,6 +15,7 @@ from anyio.abc import Process
 
 from devplug.testing import FakeKubelet
 from devplug_nvidia.testing import fake_nvml, write_root
+from tests.support import logged_process
 
 pytestmark = pytest.mark.anyio
 _NVIDIA_ENV = ("MIG_STRATEGY", "CONFIG_FILE", "FAIL_ON_INIT_ERROR", "NVIDIA_DRIVER_ROOT", "DEVPLUG_FAKE_NVML")
@@ -29,17 +28,8 @@ def _env() -> dict[str, str]:
 @asynccontextmanager
 async def devplug_nvidia(log: Path, *args: str) -> AsyncIterator[Process]:
     """devplug-nvidia with ``args``; SIGTERM at the end, which must end it with status 0."""
-    command = [sys.executable, "-m", "devplug_nvidia", "--log-format", "json", *args]
-    with log.open("w") as out:
-        process = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=out, env=_env())
-        async with process:
-            try:
-                yield process
-            finally:
-                if process.returncode is None:
-                    process.send_signal(signal.SIGTERM)
-                    with anyio.fail_after(5):
-                        assert await process.wait() == 0, log.read_text()[-2000:]
+    async with logged_process("devplug_nvidia", args, log, env=_env()) as process:
+        yield process
 
 
 async def test_dgx_a100_serves_eight_gpus(short_dir: Path) -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +17,7 @@ from anyio.abc import Process
 from devplug import KubeletError
 from devplug.testing import FakeKubelet
 from devplug_nvidia.testing import fake_nvml, write_root
+from tests.support import logged_process
 
 pytestmark = pytest.mark.anyio
 _NVIDIA_ENV = (
@@ -40,17 +39,8 @@ def _env(**extra: str) -> dict[str, str]:
 async def plugin_process(
     log: Path, args: list[str], env: dict[str, str] | None = None
 ) -> AsyncIterator[Process]:
-    command = [sys.executable, "-m", "devplug_nvidia", "--log-format", "json", *args]
-    with log.open("w") as out:
-        process = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=out, env=env or _env())
-        async with process:
-            try:
-                yield process
-            finally:
-                if process.returncode is None:
-                    process.send_signal(signal.SIGTERM)
-                    with anyio.fail_after(5):
-                        assert await process.wait() == 0, log.read_text()[-2000:]
+    async with logged_process("devplug_nvidia", args, log, env=env or _env()) as process:
+        yield process
 
 
 def _args(short_dir: Path, model: str, config: dict[str, Any]) -> list[str]:
