@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,7 @@ from devplug_nvidia.config import NvidiaSettings, load_nvidia_settings
 from devplug_nvidia.discovery import GPU_RESOURCE, InitStatus, discover_or_idle, nvml_source
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from devplug_nvidia._allocate import ImexChannel
     from devplug_nvidia._health import HealthMonitor
@@ -59,11 +60,21 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not plugins:
         log.warning("no_devices", note="serving no resources")
-    anyio.run(serve, plugins, settings, monitor, backend="asyncio")
+
+    def reload() -> tuple[NvidiaSettings, list[NvidiaPlugin]]:
+        # SIGHUP: the same arguments, the config file and environment read again, discovery
+        # and sharing redone; the health monitor keeps watching. A bad config raises, and the
+        # runner keeps serving the old one.
+        new_settings = load_nvidia_settings(args, prog=PROG)
+        return new_settings, prepare(new_settings, monitor=monitor)[0]
+
+    anyio.run(partial(serve, plugins, settings, monitor, reload=reload), backend="asyncio")
     return 0
 
 
-def prepare(settings: NvidiaSettings) -> tuple[list[NvidiaPlugin], HealthMonitor | None]:
+def prepare(
+    settings: NvidiaSettings, *, monitor: HealthMonitor | None = None
+) -> tuple[list[NvidiaPlugin], HealthMonitor | None]:
     """Discovery, sharing, the CDI spec, the health monitor and the link matrix: the plugins to serve.
 
     Raises:
@@ -84,7 +95,8 @@ def prepare(settings: NvidiaSettings) -> tuple[list[NvidiaPlugin], HealthMonitor
 
         for path in write_cdi_spec(records, settings, present=present, imex=imex):
             log.info("cdi_spec_written", path=str(path))
-    monitor = health_monitor(settings, records)
+    if monitor is None:
+        monitor = health_monitor(settings, records)
     links = read_link_matrix(settings) if by_resource.get(GPU_RESOURCE) else None
     plugins = build_plugins(resources, settings, present=present, imex=imex, health=monitor, links=links)
     return plugins, monitor
@@ -154,13 +166,18 @@ def build_plugins(
 
 
 async def serve(
-    plugins: Sequence[NvidiaPlugin], settings: NvidiaSettings, monitor: HealthMonitor | None
+    plugins: Sequence[NvidiaPlugin],
+    settings: NvidiaSettings,
+    monitor: HealthMonitor | None,
+    *,
+    reload: Callable[[], tuple[NvidiaSettings, list[NvidiaPlugin]]] | None = None,
 ) -> None:
-    """Serve ``plugins`` until SIGTERM / SIGINT, with ``monitor`` running next to them."""
+    """Serve ``plugins`` until SIGTERM / SIGINT, with ``monitor`` running next to them;
+    SIGHUP calls ``reload``."""
     async with anyio.create_task_group() as tg:
         if monitor is not None:
             tg.start_soon(monitor.run)
-        await devplug.serve(plugins, settings, readiness=[init_readiness])
+        await devplug.serve(plugins, settings, readiness=[init_readiness], reload=reload)
         tg.cancel_scope.cancel()
 
 

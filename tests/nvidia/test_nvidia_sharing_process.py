@@ -105,3 +105,28 @@ async def test_health_checks_disabled_by_environment(short_dir: Path) -> None:
         with anyio.fail_after(5):
             while "health_checks_disabled" not in log.read_text():  # noqa: ASYNC110 - another process's log
                 await anyio.sleep(0.05)
+
+
+async def test_sighup_rereads_the_config_file(short_dir: Path) -> None:
+    import signal
+
+    def sharing(replicas: int) -> dict[str, Any]:
+        return {"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": replicas}]}}}
+
+    args = _args(short_dir, "pcie-a10", sharing(2))
+    config_file = short_dir / "config.json"
+    log = short_dir / "log"
+    async with FakeKubelet(short_dir / "dp") as kubelet, plugin_process(log, args) as process:
+        await kubelet.wait_for_devices("nvidia.com/gpu", lambda ds: len(ds) == 8, timeout=20)
+        config_file.write_text(json.dumps(sharing(3)))
+        process.send_signal(signal.SIGHUP)
+        await kubelet.wait_for_registration("nvidia.com/gpu", count=2, timeout=20)
+        await kubelet.wait_for_devices("nvidia.com/gpu", lambda ds: len(ds) == 12)
+        # An invalid file is logged and the running configuration stays.
+        config_file.write_text(json.dumps({"sharing": {"timeSlicing": {"renameByDefault": "maybe"}}}))
+        process.send_signal(signal.SIGHUP)
+        with anyio.fail_after(10):
+            while "reload_failed" not in log.read_text():  # noqa: ASYNC110 - another process writes it
+                await anyio.sleep(0.05)
+        assert sum(r.accepted for r in kubelet.registrations) == 2
+        assert len(kubelet.resource("nvidia.com/gpu").devices) == 12
