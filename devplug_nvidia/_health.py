@@ -173,6 +173,7 @@ class HealthMonitor:
         self._pending: dict[str, str] = {}
         """GPU UUID → why its registration failed (retried)."""
         self._version = 0
+        self._labels: dict[str, str] = {}
         self._snapshot = self._health_map()
         self._changed: anyio.Event | None = None
         self._started = False
@@ -185,6 +186,13 @@ class HealthMonitor:
         if uuid in self._fatal:
             return Health.UNHEALTHY
         return self._policy.health(uuid) or Health.HEALTHY
+
+    def reason_label(self, uuid: str) -> str:
+        """Why the device has its health now, as a metric label: what failed it last while it is
+        Unhealthy (``xid``, ``ecc``, ``gpu_lost``, ``event_wait_failed``, ...), else ``recovered``."""
+        if self.health(uuid) is Health.HEALTHY:
+            return "recovered"
+        return self._labels.get(uuid, "unspecified")
 
     def fatal_reason(self, uuid: str) -> str | None:
         """Why the device is Unhealthy for good, or None."""
@@ -312,7 +320,9 @@ class HealthMonitor:
             self._fail(self._by_gpu.get(gpu, []), "GPU lost (fallen off the bus)", now, fatal=True)
 
     def _fail(self, units: Iterable[_Unit], reason: str, now: float, *, fatal: bool) -> None:
+        label = _reason_label(reason)
         for unit in units:
+            self._labels[unit.uuid] = label
             if fatal:
                 self._fatal.setdefault(unit.uuid, reason)
             self._policy.observe(unit.uuid, Signal.FAIL, now, reason=reason)
@@ -330,6 +340,7 @@ class HealthMonitor:
             retry_in=self.retry_interval,
         )
         for unit in units:
+            self._labels[unit.uuid] = "check_not_running"
             # No good check follows: the devices stay Unhealthy until a start succeeds.
             self._policy.observe(unit.uuid, Signal.FAIL, now, reason=f"health check not running: {error}")
         self._publish()
@@ -476,3 +487,19 @@ def _text(value: str | bytes) -> str:
 
 def _id_text(value: int) -> int | str:
     return "all" if value == WHOLE_GPU else value
+
+
+def _reason_label(reason: str) -> str:
+    """A fixed word for a failure reason (metric labels must not carry free text)."""
+    lowered = reason.lower()
+    for prefix, label in (
+        ("xid", "xid"),
+        ("double-bit ecc", "ecc"),
+        ("gpu lost", "gpu_lost"),
+        ("event wait failed", "event_wait_failed"),
+        ("event on an unidentified gpu", "event_unattributed"),
+        ("health check not running", "check_not_running"),
+    ):
+        if lowered.startswith(prefix):
+            return label
+    return "unspecified"

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import anyio
 import structlog
 
+from devplug.metrics import note_health_reason
 from devplug.models import ContainerAllocation, Device, Health
 from devplug.plugin import DevicePlugin
 from devplug_nvidia._allocate import CONTROL_NODES, ImexChannel, build_allocation, strip_replica
@@ -171,8 +172,26 @@ class NvidiaPlugin(DevicePlugin):
             await self._check_mps()
             devices = self.devices()
             if devices != last:
+                self._note_reasons(last, devices)
                 last = devices
                 yield devices
+
+    def _note_reasons(self, before: Sequence[Device], after: Sequence[Device]) -> None:
+        """Tell the metrics why devices changed health (XID, ECC, MPS daemon, recovery)."""
+        old = {d.id: d.health for d in before}
+        changed = [d.id for d in after if d.id in old and old[d.id] is not d.health]
+        by_reason: dict[str, list[str]] = {}
+        for device_id in changed:
+            record = self.record_of(device_id)
+            if self._mps_error is not None:
+                reason = "mps_daemon_not_ready"
+            elif record is not None and self.health is not None:
+                reason = self.health.reason_label(record.uuid)
+            else:
+                reason = "recovered"
+            by_reason.setdefault(reason, []).append(device_id)
+        for reason, ids in by_reason.items():
+            note_health_reason(self.resource_name, ids, reason)
 
     async def _check_mps(self) -> None:
         if self.mps is None:

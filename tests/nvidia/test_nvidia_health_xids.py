@@ -134,3 +134,20 @@ def test_config_section_rules() -> None:
     xid_only = XidFilter.from_config(health_section(event_types=("EventTypeXidCriticalError",)), {})
     assert xid_only.event_types == ("EventTypeXidCriticalError",)
     assert xid_only.describe()["event_types"] == ["EventTypeXidCriticalError"]
+
+
+@pytest.mark.parametrize(
+    ("reason", "label"),
+    [
+        ("XID 79", "xid"),
+        ("double-bit ECC error", "ecc"),
+        ("GPU lost (fallen off the bus)", "gpu_lost"),
+        ("event wait failed: Unknown Error", "event_wait_failed"),
+        ("health check not running: NVML not loaded", "check_not_running"),
+        ("something new", "unspecified"),
+    ],
+)
+def test_health_reasons_become_fixed_metric_labels(reason: str, label: str) -> None:
+    from devplug_nvidia._health import _reason_label
+
+    assert _reason_label(reason) == label
