@@ -57,6 +57,16 @@ def summary(samples_s: list[float], unit: str = "ms") -> dict[str, Any]:
     }
 
 
+def machine_info() -> dict[str, Any]:
+    """What every result is printed with: core count, Python and grpcio versions, platform."""
+    return {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "grpcio": grpc.__version__,
+        "platform": platform.platform(),
+    }
+
+
 def plugin_command(dp_dir: Path, *extra: str) -> list[str]:
     return [
         sys.executable,
@@ -194,14 +204,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="dpb-", dir="/tmp"))
     try:
         quick = args.quick
-        results: dict[str, Any] = {
-            "machine": {
-                "cores": os.cpu_count(),
-                "python": platform.python_version(),
-                "grpcio": grpc.__version__,
-                "platform": platform.platform(),
-            },
-        }
+        results: dict[str, Any] = {"machine": machine_info()}
         results.update(await bench_start(workdir, 5 if quick else 20))
         results.update(await bench_restarts_and_health(workdir, 20 if quick else 200, 50 if quick else 500))
         results["round_trip"] = await bench_round_trips(workdir, 300 if quick else 3000)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from contextlib import ExitStack
@@ -56,11 +57,11 @@ class FakePlugin(DevicePlugin):
         path = self.config.state_file
         assert path is not None
         try:
-            data = yaml.safe_load(path.read_text())
+            data = _parse(path.read_text())
             return list(StateFile.model_validate(data).devices)
         except FileNotFoundError:
             self.log.warning("state_file_missing", path=str(path))
-        except (OSError, yaml.YAMLError) as exc:
+        except (OSError, ValueError, yaml.YAMLError) as exc:
             self.log.error("state_file_invalid", path=str(path), error=str(exc).splitlines()[0])
         except ValidationError as exc:
             first = exc.errors()[0]
@@ -207,3 +208,12 @@ class PolicyFakePlugin(FakePlugin):
         if policy == "numa":
             return policies.numa_aligned(available, must_include, size)
         return policies.first_available(available, must_include, size)
+
+
+def _parse(text: str) -> object:
+    """A state file's content. JSON is read with the json module (a 50,000-device file in
+    milliseconds, where PyYAML's pure-Python loader takes seconds); YAML with the C loader
+    when PyYAML has one."""
+    if text.lstrip().startswith(("{", "[")):
+        return json.loads(text)
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - safe loaders only
