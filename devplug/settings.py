@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     host_root: Path = Path("/")
     """Where this process sees the host's root filesystem (e.g. /host in a container); host
     paths are checked under it."""
+    insecure_dir: Literal["refuse", "warn"] = "refuse"
+    """A kubelet directory this process uses (device-plugin, plugins_registry, the kubelet
+    socket's) that every user may write to, or that lies under such a directory without the
+    sticky bit: anyone could then replace the kubelet's socket or this plugin's. refuse exits
+    at start with one line (status 2) naming it; warn logs insecure_directory and starts."""
     health: HealthSettings = HealthSettings()
     """Health policy thresholds for plugins that use devplug.health (health: in a config file)."""
 
@@ -137,6 +142,8 @@ def read_yaml(path: Path) -> Any:
         return yaml.safe_load(path.read_text())
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path}: not UTF-8 text (byte {exc.start})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

@@ -68,8 +68,28 @@ def main(argv: list[str] | None = None) -> int:
         new_settings = load_nvidia_settings(args, prog=PROG)
         return new_settings, prepare(new_settings, monitor=monitor)[0]
 
-    anyio.run(partial(serve, plugins, settings, monitor, reload=reload), backend="asyncio")
+    try:
+        anyio.run(partial(serve, plugins, settings, monitor, reload=reload), backend="asyncio")
+    except Exception as exc:
+        # The runner refuses to start (an insecure directory, a metrics port in use) with a
+        # ConfigError, which the health monitor's task group wraps in an exception group.
+        refusal = _config_error(exc)
+        if refusal is None:
+            raise
+        print(f"{PROG}: {refusal}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _config_error(exc: BaseException) -> ConfigError | None:
+    """``exc`` if it is a ConfigError, or the first one inside an exception group."""
+    if isinstance(exc, ConfigError):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = _config_error(inner)
+        if found is not None:
+            return found
+    return None
 
 
 def prepare(

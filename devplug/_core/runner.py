@@ -17,6 +17,7 @@ import structlog
 from devplug._core.backoff import Backoff
 from devplug._core.introspect import not_ready_reason, resource_state
 from devplug._core.resource import ResourceRunner, ResourceStatus, RestartReason
+from devplug._core.sockets import directory_exposure, make_directories
 from devplug._core.telemetry import ResourceCounters
 from devplug._core.watch import DirWatcher
 from devplug.errors import ConfigError
@@ -64,6 +65,7 @@ FIXED_SETTINGS = (
     "registration",
     "plugins_registry_dir",
     "metrics_address",
+    "insecure_dir",
 )
 _LOGGING = ("log_format", "log_level")
 # What every resource runs with: a change restarts them all.
@@ -184,9 +186,11 @@ class Runner:
 
         Raises:
             ConfigError: ``metrics_address`` is set but prometheus-client is missing, or its
-                port cannot be bound.
+                port cannot be bound; a kubelet directory is writable by every user and
+                ``insecure_dir`` is refuse.
         """
         settings = self.settings
+        _check_directories(settings)
         if settings.metrics_address:
             require_prometheus()
             from devplug._core.probes import ProbeServer
@@ -344,6 +348,35 @@ class Runner:
                     log.info("signal_received", signal=name)
                     tg.cancel_scope.cancel()
                     return
+
+
+def _check_directories(settings: Settings) -> None:
+    """Create the kubelet directories this process watches, then judge who may write to them.
+
+    Anyone who can write to the device-plugin directory can put their own ``kubelet.sock``
+    there, or replace this plugin's socket and be dialled by the kubelet in its place (and then
+    answer Allocate with any mount or device node).
+    """
+    if settings.registration == "watcher":
+        directories = [settings.plugins_registry_dir]
+    else:
+        directories = [settings.device_plugin_dir, settings.kubelet_socket_path.parent]
+    for directory in dict.fromkeys(directories):
+        try:
+            make_directories(directory)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the directory {directory}: {exc.strerror}") from None
+        if not directory.is_dir():
+            raise ConfigError(f"{directory} exists and is not a directory")
+        problem = directory_exposure(directory)
+        if problem is None:
+            continue
+        if settings.insecure_dir == "refuse":
+            raise ConfigError(
+                f"refusing to start: {problem}; anyone could replace the kubelet's or this plugin's "
+                "socket; remove that write permission (chmod o-w) or pass --insecure-dir=warn"
+            )
+        log.warning("insecure_directory", problem=problem, note="anyone could replace the sockets in it")
 
 
 def _change_of(running: DevicePlugin, wanted: DevicePlugin | None, *, restart_all: bool) -> str:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 # dropped on its side, so devplug refuses to send it and says why.
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 API_VERSION = "v1beta1"
+_NAMED_IDS = 10  # unknown IDs named in an error; the rest are counted
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -280,10 +281,14 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     async def _reject(
         self, context: grpc.aio.ServicerContext[Any, Any], call: str, ids: list[str], unknown: list[str]
     ) -> None:
-        self._log.warning(f"{call}_unknown_devices", devices=ids, unknown=unknown)
+        # Name a few, count the rest: a status message travels in HTTP/2 trailers, which a
+        # client caps at 8 KiB (a longer one turns into RESOURCE_EXHAUSTED), and logs stay short.
+        shown = ", ".join(unknown[:_NAMED_IDS])
+        if len(unknown) > _NAMED_IDS:
+            shown += f" and {len(unknown) - _NAMED_IDS} more"
+        self._log.warning(f"{call}_unknown_devices", requested=len(ids), unknown=shown)
         await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"unknown device IDs for resource {self._resource}: {', '.join(unknown)}",
+            grpc.StatusCode.INVALID_ARGUMENT, f"unknown device IDs for resource {self._resource}: {shown}"
         )
 
 

@@ -13,6 +13,7 @@ import re
 import secrets
 import socket
 import stat
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -24,7 +25,6 @@ from devplug.errors import DevplugError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
 
 log = structlog.get_logger(__name__)
 
@@ -75,6 +75,46 @@ def claim_path(path: Path) -> None:
     os.unlink(path)
 
 
+def directory_exposure(directory: Path) -> str | None:
+    """Why any user of the host could replace files in ``directory``, or None.
+
+    ``directory`` (and, through a symlink, the directory it resolves to) must not be writable by
+    others; a directory above it must not be either, unless it has the sticky bit (``/tmp``),
+    which stops others from renaming or deleting what they do not own. Missing directories are
+    not judged.
+    """
+    path = Path(os.path.abspath(directory))
+    real = Path(os.path.realpath(path))
+    leaves = {path, real}
+    for current in dict.fromkeys([path, *path.parents, real, *real.parents]):
+        try:
+            mode = os.stat(current).st_mode
+        except OSError:
+            continue
+        if not mode & stat.S_IWOTH:
+            continue
+        perms = f"mode {stat.S_IMODE(mode):04o}"
+        if current in leaves:
+            name = str(path) if real == path else f"{path} (resolving to {real})"
+            return f"{name} is writable by every user ({perms})"
+        if not mode & stat.S_ISVTX:
+            return f"{current}, above {path}, is writable by every user without the sticky bit ({perms})"
+    return None
+
+
+def make_directories(directory: Path) -> None:
+    """Create ``directory`` and its missing parents with mode 0755 at most, whatever the umask.
+
+    ``os.makedirs`` gives parents the umask's mode, which a umask of 0 makes writable by all.
+    """
+    path = Path(os.path.abspath(directory))
+    for current in [*reversed(path.parents), path]:
+        if current.is_dir():
+            continue
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(current, 0o755)
+
+
 def file_identity(path: Path) -> tuple[int, int, int] | None:
     """(device, inode, ctime) of ``path`` itself (not a link target), or None if absent."""
     try:
@@ -98,9 +138,21 @@ class SocketServer:
         claim_path(self.path)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         self._add_services(server)
-        server.add_insecure_port(f"unix:{self.path}")
-        # Only the kubelet (root) should talk to a plugin: 0600 whatever the umask was.
-        os.chmod(self.path, 0o600)
+        # Only the kubelet (root) should talk to a plugin: 0600 whatever the umask was. The
+        # socket listens from bind on, so a chmod afterwards would leave a moment in which
+        # anyone may connect (the permission is checked at connect only) and keep that
+        # connection: bind under a umask that already yields 0600.
+        umask = os.umask(0o177)
+        try:
+            server.add_insecure_port(f"unix:{self.path}")
+        finally:
+            os.umask(umask)
+        st = os.lstat(self.path)  # never chmod a path: it would follow a symlink put there
+        if not stat.S_ISSOCK(st.st_mode) or stat.S_IMODE(st.st_mode) & 0o177:
+            await server.stop(0)
+            raise SocketUnavailableError(
+                f"{self.path} is not the private socket just bound (mode {stat.S_IMODE(st.st_mode):04o})"
+            )
         await server.start()
         self._server = server
         self._identity = file_identity(self.path)
