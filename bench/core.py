@@ -34,7 +34,7 @@ from devplug.logging import configure as configure_logging
 from devplug.testing import FakeKubelet
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 RESOURCE = "example.com/fake"
@@ -200,10 +200,9 @@ async def bench_round_trips(workdir: Path, calls: int) -> dict[str, Any]:
     return {"devplug": devplug_figures, "bare_grpc_aio": bare_figures}
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+async def main_async(quick: bool) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="dpb-", dir="/tmp"))
     try:
-        quick = args.quick
         results: dict[str, Any] = {"machine": machine_info()}
         results.update(await bench_start(workdir, 5 if quick else 20))
         results.update(await bench_restarts_and_health(workdir, 20 if quick else 200, 50 if quick else 500))
@@ -213,19 +212,22 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def cli(doc: str | None, run: Callable[[bool], Awaitable[dict[str, Any]]]) -> None:
+    """The command line every bench script shares: ``[--quick] [--out FILE]``, JSON on stdout."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer runs (a smoke test of the benchmark)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     configure_logging("console", "warning")  # the fake kubelet's info logs would drown the JSON
-    results = anyio.run(main_async, args, backend="asyncio")
+    results = anyio.run(run, args.quick, backend="asyncio")
     text = json.dumps(results, indent=2)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+
+
+def main() -> None:
+    cli(__doc__, main_async)
 
 
 if __name__ == "__main__":

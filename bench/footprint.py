@@ -19,8 +19,6 @@ Prints JSON.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import sys
@@ -35,7 +33,6 @@ import grpc
 
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from devplug.logging import configure as configure_logging
 from devplug.testing import FakeKubelet
 
 RESOURCES = ("example.com/res-a", "example.com/res-b", "example.com/res-c")
@@ -253,18 +250,7 @@ async def main_async(quick: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="a short run (a smoke test of the benchmark)")
-    parser.add_argument("--out", type=Path, help="also write the JSON here")
-    args = parser.parse_args()
-    configure_logging("console", "warning")
-    results = anyio.run(main_async, args.quick, backend="asyncio")
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    core.cli(__doc__, main_async)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ process, the steps the plugin takes for one 10,000-device state file. Prints JSO
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -32,7 +31,6 @@ import yaml
 from devplug import _convert
 from devplug._core.servicer import MAX_MESSAGE_BYTES
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
-from devplug.logging import configure as configure_logging
 from devplug.models import Device, Health
 from devplug.testing import FakeKubelet
 from devplug_fake import StateFile
@@ -247,18 +245,7 @@ async def main_async(quick: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="fewer runs (a smoke test of the benchmark)")
-    parser.add_argument("--out", type=Path, help="also write the JSON here")
-    args = parser.parse_args()
-    configure_logging("console", "warning")
-    results = anyio.run(main_async, args.quick, backend="asyncio")
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    core.cli(__doc__, main_async)
 
 
 if __name__ == "__main__":

@@ -110,7 +110,12 @@ async def wait_until(predicate: Callable[[], bool]) -> None:
 
 @asynccontextmanager
 async def logged_process(
-    module: str, args: Sequence[str], log: Path | None = None, *, env: dict[str, str] | None = None
+    module: str,
+    args: Sequence[str],
+    log: Path | None = None,
+    *,
+    env: dict[str, str] | None = None,
+    umask: int = -1,
 ) -> AsyncIterator[Process]:
     """``python -m MODULE --log-format json ARGS``, its log in ``log`` (or discarded).
 
@@ -118,7 +123,9 @@ async def logged_process(
     """
     command = [sys.executable, "-m", module, "--log-format", "json", *args]
     with open(log or os.devnull, "w") as out:  # noqa: ASYNC230 - opened once, before the process
-        process = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=out, env=env, cwd=ROOT)
+        process = await anyio.open_process(
+            command, stdout=subprocess.DEVNULL, stderr=out, env=env, cwd=ROOT, umask=umask
+        )
         async with process:
             try:
                 yield process

@@ -10,8 +10,6 @@ import os
 import signal
 import socket
 import stat
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -29,7 +27,7 @@ from devplug._core.sockets import SocketServer, directory_exposure, unique_socke
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.testing import FakeKubelet
-from tests.support import Widgets, serving, settings_for
+from tests.support import Widgets, logged_process, serving, settings_for
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,27 +43,10 @@ async def devplug_fake(
     log: Path, *args: str, umask: int = -1, env: dict[str, str] | None = None
 ) -> AsyncIterator[Process]:
     """devplug-fake with a JSON log; SIGTERM at the end, which must end it with status 0."""
-    command = [sys.executable, "-m", "devplug_fake", "--log-format", "json", *args]
     base = {k: v for k, v in os.environ.items() if not k.startswith("DEVPLUG_")}
-    with log.open("w") as out:
-        process = await anyio.open_process(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=out,
-            cwd=ROOT,
-            env=base | {"PYTHONPATH": str(ROOT)} | (env or {}),
-            umask=umask,
-        )
-    async with process:
-        try:
-            yield process
-        finally:
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-                with anyio.fail_after(5):
-                    code = await process.wait()
-                assert code == 0, log.read_text()[-3000:]
+    environment = base | {"PYTHONPATH": str(ROOT)} | (env or {})
+    async with logged_process("devplug_fake", args, log, env=environment, umask=umask) as process:
+        yield process
 
 
 def events(log: Path) -> list[dict[str, Any]]:
