@@ -17,7 +17,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 PACKAGE = "devplug._proto"
-SOURCES = ("deviceplugin/v1beta1/api.proto", "pluginregistration/v1/api.proto")
+SOURCES = (
+    "deviceplugin/v1beta1/api.proto",
+    "pluginregistration/v1/api.proto",
+    "dra/v1/api.proto",
+    "dra/v1beta1/api.proto",
+    "drahealth/v1alpha1/api.proto",
+    "drahealth/v1/api.proto",
+)
+# The top-level directories under proto/ (and so under devplug/_proto/).
+TOP_DIRS = tuple(sorted({s.split("/", 1)[0] for s in SOURCES}))
 
 
 def generate(out_dir: Path) -> list[Path]:
@@ -42,7 +51,7 @@ def generate(out_dir: Path) -> list[Path]:
             text = src.read_text()
             # protoc writes imports relative to proto/; make them package-absolute.
             text = re.sub(
-                r"^from ((?:deviceplugin|pluginregistration)[\w.]*) import",
+                rf"^from ((?:{'|'.join(TOP_DIRS)})(?:\.[\w.]*)?) import",
                 lambda m: f"from {PACKAGE}.{m.group(1)} import",
                 text,
                 flags=re.MULTILINE,
@@ -62,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "devplug" / "_proto")
     args = parser.parse_args(argv)
     out: Path = args.out
-    for child in ("deviceplugin", "pluginregistration"):
+    for child in TOP_DIRS:
         shutil.rmtree(out / child, ignore_errors=True)
     for path in generate(out):
         print(path)

@@ -57,3 +57,15 @@ def test_wire_names() -> None:
     assert fields == {"envs": 1, "mounts": 2, "devices": 3, "annotations": 4, "cdi_devices": 5}
     req = {f.name: f.number for f in api_pb2.ContainerPreferredAllocationRequest.DESCRIPTOR.fields}
     assert req == {"available_deviceIDs": 1, "must_include_deviceIDs": 2, "allocation_size": 3}
+
+
+def test_every_proto_source_is_generated() -> None:
+    """A .proto added under proto/ but left out of SOURCES would silently never be generated."""
+    gen = _generator()
+    on_disk = sorted(str(p.relative_to(ROOT / "proto")) for p in (ROOT / "proto").rglob("*.proto"))
+    assert sorted(gen.SOURCES) == on_disk  # type: ignore[attr-defined]
+    generated = sorted(
+        str(p.parent.relative_to(ROOT / "devplug" / "_proto"))
+        for p in (ROOT / "devplug" / "_proto").rglob("api_pb2.py")
+    )
+    assert generated == sorted(s.rsplit("/", 1)[0] for s in gen.SOURCES)  # type: ignore[attr-defined]
