@@ -25,7 +25,7 @@ GUIDES = ("operator-guide.md", "author-guide.md", "migration-from-nvidia.md")
 PACKAGES = ("devplug", "devplug_fake", "devplug_nvidia")
 # Code that a cluster's plugin process never runs: the testing kit, and the interactive commands
 # (their problems are printed to a terminal, not logged).
-NOT_IN_A_PLUGIN = ("devplug/testing/", "devplug/_demo.py", "devplug/_inspect", "devplug/_conformance_cli.py")
+NOT_IN_A_PLUGIN = ("devplug/testing/", "devplug/cli/")
 LEVELS = frozenset({"warning", "error", "exception", "critical"})
 HELP_COMMANDS = (
     ("-m", "devplug_nvidia", "--help"),

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from devplug import _inspect_render as render
-from devplug._argtypes import positive_seconds
-from devplug._inspect_client import InspectError, PluginConnection, SeenDevice, check_socket
+from devplug.cli import _inspect_render as render
+from devplug.cli._argtypes import positive_seconds
+from devplug.cli._inspect_client import InspectError, PluginConnection, SeenDevice, check_socket
 
 if TYPE_CHECKING:
     from devplug.models import PluginOptions

@@ -1,4 +1,12 @@
-"""The ``devplug`` command."""
+"""The ``devplug`` command: ``run``, ``demo``, ``inspect`` and ``conformance``.
+
+What belongs here is the command line only: argument parsing, the sub-commands and what they
+print (``_demo``, ``_inspect`` with its client and renderer, ``_conformance``, the shared
+``_argtypes``). Nothing in the library imports this package: only ``devplug.__main__``
+(``python -m devplug``), the ``devplug`` console script (``devplug.cli:main``), the tests and
+the bench do. Work a library user could want belongs in the library; the commands use it like
+any other program.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +14,8 @@ import importlib
 import sys
 from typing import NoReturn
 
-from devplug import _conformance_cli, _inspect
 from devplug._core.runner import run
+from devplug.cli import _conformance, _inspect
 from devplug.plugin import DevicePlugin
 from devplug.settings import _OneLineParser
 
@@ -65,17 +73,17 @@ def main(argv: list[str] | None = None) -> int:
         help="watch a fake kubelet and a fake plugin talk: registration, allocation, health, restart",
     )
     inspect_parser = _inspect.add_parser(sub)
-    conformance_parser = _conformance_cli.add_parser(sub)
+    conformance_parser = _conformance.add_parser(sub)
     known, rest = parser.parse_known_args(args)
     if known.command == "run":
         return _cmd_run(known.target, rest)
     if known.command == "conformance":
         # Everything after the options is the plugin's command line, its own flags included.
-        return _conformance_cli.main(known, conformance_parser)
+        return _conformance.main(known, conformance_parser)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if known.command == "demo":
-        from devplug import _demo
+        from devplug.cli import _demo
 
         return _demo.main()
     if known.command == "inspect":

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from devplug._argtypes import positive_seconds, whole_number
+from devplug.cli._argtypes import positive_seconds, whole_number
 from devplug.logging import configure as configure_logging
 
 if TYPE_CHECKING:
