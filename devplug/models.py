@@ -7,11 +7,36 @@ from the wire types; nothing else in devplug touches protobuf.
 from __future__ import annotations
 
 import enum
-from typing import Any
+import re
+from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["ContainerAllocation", "Device", "DeviceSpec", "Health", "Mount", "PluginOptions"]
+__all__ = [
+    "AttributeValue",
+    "ContainerAllocation",
+    "Device",
+    "DeviceSpec",
+    "Health",
+    "Mount",
+    "PluginOptions",
+    "Version",
+]
+
+# DRA's limits (resource.k8s.io/v1): a device has at most 32 attributes and capacities together;
+# a name is a C identifier of at most 32 characters, optionally behind a DNS-subdomain domain
+# of at most 63 and a slash; a string or version value has at most 64 characters.
+MAX_ATTRIBUTES = 32
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
+_DOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# Semantic Versioning 2.0.0, as the API server checks a version attribute.
+_NUM = r"(0|[1-9][0-9]*)"
+_PRE = r"(0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
+_SEMVER = re.compile(
+    rf"{_NUM}\.{_NUM}\.{_NUM}(-{_PRE}(\.{_PRE})*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?"
+)
+# A Kubernetes quantity: a decimal number with an optional binary, decimal or exponent suffix.
+_QUANTITY = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?")
 
 
 class Health(str, enum.Enum):
@@ -28,11 +53,51 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
+class Version(_Frozen):
+    """A semantic-version attribute value (DRA's ``version``): ``Version("12.4.0")``."""
+
+    value: str
+
+    def __init__(self, value: str, /) -> None:
+        super().__init__(value=value)
+
+    @field_validator("value")
+    @classmethod
+    def _semver(cls, value: str) -> str:
+        if len(value) > 64 or not _SEMVER.fullmatch(value):
+            raise ValueError(f"{value!r} is not a semantic version (MAJOR.MINOR.PATCH, at most 64 characters)")
+        return value
+
+    def __str__(self) -> str:
+        return self.value
+
+
+AttributeValue = Union[bool, int, str, Version]
+"""A DRA device attribute: a boolean, an integer, a string (at most 64 characters) or a
+:class:`Version`. Written in CEL as ``device.attributes["<driver>"].<name>``."""
+
+
+def check_attribute_name(name: str) -> str:
+    """Return ``name`` if it is a valid DRA attribute or capacity name, else raise ValueError."""
+    domain, slash, ident = name.rpartition("/")
+    valid = _IDENT.fullmatch(ident) is not None and (
+        not slash or (len(domain) <= 63 and _DOMAIN.fullmatch(domain) is not None)
+    )
+    if not valid:
+        raise ValueError(
+            f"invalid attribute name {name!r}: a C identifier of at most 32 characters, "
+            "optionally behind a DNS domain of at most 63 characters and '/'"
+        )
+    return name
+
+
 class Device(_Frozen):
     """One schedulable unit of a resource, as listed to the kubelet.
 
     ``numa_node=N`` is accepted as a shorthand for ``numa_nodes=(N,)``; ``None`` or an
     empty tuple means no NUMA affinity (the kubelet treats both the same).
+    ``attributes`` and ``capacity`` describe the device to DRA (selectors in claims and device
+    classes); the device-plugin API ignores them.
     """
 
     id: str = Field(min_length=1)
@@ -41,6 +106,12 @@ class Device(_Frozen):
     """Whether the kubelet may hand this device to new containers."""
     numa_nodes: tuple[int, ...] = ()
     """The host NUMA nodes the device is attached to; empty for no topology."""
+    attributes: dict[str, AttributeValue] = Field(default_factory=dict)
+    """DRA attributes by name (``model``, ``example.com/firmware``): bool, int, str or Version.
+    A name without a domain belongs to the driver's domain."""
+    capacity: dict[str, str] = Field(default_factory=dict)
+    """DRA capacities by name, as Kubernetes quantities (``"40Gi"``, ``"8"``); integers are
+    accepted and written as quantities."""
 
     @model_validator(mode="before")
     @classmethod
@@ -59,6 +130,35 @@ class Device(_Frozen):
         if any(n < 0 for n in nodes):
             raise ValueError("NUMA node IDs are non-negative host node numbers")
         return nodes
+
+    @field_validator("attributes")
+    @classmethod
+    def _attributes(cls, attributes: dict[str, AttributeValue]) -> dict[str, AttributeValue]:
+        for name, value in attributes.items():
+            check_attribute_name(name)
+            if isinstance(value, str) and len(value) > 64:
+                raise ValueError(f"attribute {name}: a string value has at most 64 characters")
+        return attributes
+
+    @field_validator("capacity", mode="before")
+    @classmethod
+    def _quantities(cls, capacity: Any) -> Any:
+        if not isinstance(capacity, dict):
+            return capacity
+        out = {}
+        for name, value in capacity.items():
+            check_attribute_name(str(name))
+            text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+            if not isinstance(text, str) or not _QUANTITY.fullmatch(text):
+                raise ValueError(f"capacity {name}: {value!r} is not a Kubernetes quantity (e.g. 40Gi, 8, 500m)")
+            out[name] = text
+        return out
+
+    @model_validator(mode="after")
+    def _dra_limits(self) -> Device:
+        if len(self.attributes) + len(self.capacity) > MAX_ATTRIBUTES:
+            raise ValueError(f"a device has at most {MAX_ATTRIBUTES} attributes and capacities together")
+        return self
 
     @property
     def healthy(self) -> bool:

@@ -12,6 +12,11 @@ Who calls what, and when:
 * ``cdi_spec``, when overridden, is called with every new device set before the kubelet sees
   it (so before the first registration); devplug writes the spec it returns to the CDI
   directory, where the container runtime resolves the names ``allocate`` returns.
+
+Served as a DRA driver (``--api dra``), the same class needs no change: ``watch_devices`` feeds
+the ResourceSlices, and a claim's devices are prepared by calling ``allocate`` once per request
+of the claim and writing what it returns as a CDI spec for the claim. ``prepare_claim`` and
+``unprepare_claim`` are called, when overridden, for drivers that need more.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
     from devplug.cdi import CdiSpec
+    from devplug.dra.models import AllocatedDevice, Claim, OpaqueConfig, PreparedDevice
 
 __all__ = ["DevicePlugin"]
 
@@ -98,6 +104,28 @@ class DevicePlugin(abc.ABC):
         """
         return None
 
+    async def prepare_claim(
+        self, claim: Claim, devices: Sequence[AllocatedDevice], config: Sequence[OpaqueConfig]
+    ) -> Sequence[PreparedDevice] | None:
+        """DRA: prepare this driver's ``devices`` of ``claim`` before its first pod's sandbox starts.
+
+        Called (only when overridden) once per claim, under the driver's lock, with the class
+        and claim configs meant for this driver (class first, then claim: later entries win).
+        Return None for devplug's default preparation (``allocate`` per request, written as a
+        CDI spec for the claim), or one :class:`PreparedDevice` per device with the CDI names
+        it needs. The answer is checkpointed: a repeated prepare of the claim returns it again
+        without calling this hook. Raising fails the claim's preparation with the message.
+        """
+        return None
+
+    async def unprepare_claim(self, claim: Claim) -> None:  # noqa: B027 - optional hook
+        """DRA: undo :meth:`prepare_claim` for ``claim`` (called only when overridden).
+
+        Called once the claim's last pod is gone, from the driver's checkpoint alone (the claim
+        may be deleted already: ``claim.resource_claim`` is None). Raising fails the unprepare,
+        which the kubelet retries.
+        """
+
     @classmethod
     def from_settings(cls: type[P], settings: Settings) -> P:
         """Build the plugin for ``devplug run`` from its parsed settings (default: no arguments)."""
@@ -107,6 +135,16 @@ class DevicePlugin(abc.ABC):
     def writes_cdi_spec(cls) -> bool:
         """Whether the class overrides :meth:`cdi_spec`."""
         return cls.cdi_spec is not DevicePlugin.cdi_spec
+
+    @classmethod
+    def prepares_claims(cls) -> bool:
+        """Whether the class overrides :meth:`prepare_claim`."""
+        return cls.prepare_claim is not DevicePlugin.prepare_claim
+
+    @classmethod
+    def unprepares_claims(cls) -> bool:
+        """Whether the class overrides :meth:`unprepare_claim`."""
+        return cls.unprepare_claim is not DevicePlugin.unprepare_claim
 
     @classmethod
     def options(cls) -> PluginOptions:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar
 
 import yaml
-from pydantic import ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
 from devplug.errors import ConfigError
@@ -37,14 +37,22 @@ class Settings(BaseSettings):
         cli_implicit_flags=True,
     )
 
+    api: Literal["device-plugin", "dra"] = "device-plugin"
+    """Which Kubernetes API serves the devices: device-plugin (extended resources through the
+    kubelet's device manager) or dra (Dynamic Resource Allocation: ResourceSlices published
+    through the API server, claims prepared for the kubelet; Kubernetes >= 1.32)."""
+    kubelet_root: Path = Path("/var/lib/kubelet")
+    """The kubelet's root directory; device-plugins/, plugins_registry/ and plugins/ are found
+    under it unless given one by one (k3s: /var/lib/rancher/k3s/agent/kubelet)."""
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
-    """The kubelet's device-plugin directory (k3s: /var/lib/rancher/k3s/agent/kubelet/device-plugins)."""
+    """The kubelet's device-plugin directory (default: device-plugins under kubelet_root)."""
     kubelet_socket: Path | None = None
     """The kubelet's registration socket; default: kubelet.sock in the device-plugin directory."""
     registration: Literal["kubelet", "watcher"] = "kubelet"
     """kubelet: Register on kubelet.sock; watcher: a socket in the plugins_registry directory."""
     plugins_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
-    """The kubelet's plugin-watcher directory (registration=watcher)."""
+    """The kubelet's plugin-watcher directory (registration=watcher, and api=dra); default:
+    plugins_registry under kubelet_root."""
     endpoint_host_dir: Path | None = None
     """registration=watcher: the plugins_registry directory as the host sees it, when this process
     sees it at another path (a container mount); default: let the kubelet use the path it found."""
@@ -78,14 +86,55 @@ class Settings(BaseSettings):
     socket's) that every user may write to, or that lies under such a directory without the
     sticky bit: anyone could then replace the kubelet's socket or this plugin's. refuse exits
     at start with one line (status 2) naming it; warn logs insecure_directory and starts."""
+    driver_name: str | None = None
+    """api=dra: the DRA driver name (a DNS subdomain, e.g. gpu.example.com), identical in
+    ResourceSlices, DeviceClass selectors and claims; default: the resource name turned around
+    (example.com/gpu -> gpu.example.com)."""
+    node_name: str | None = Field(default_factory=lambda: os.environ.get("NODE_NAME") or None)
+    """api=dra: this node's name, the owner and pool of the published ResourceSlices (default:
+    the NODE_NAME environment variable, set from spec.nodeName through the downward API)."""
+    kubeconfig: Path | None = None
+    """api=dra: a kubeconfig file for the API server; default: the pod's service account
+    (in-cluster), else $KUBECONFIG or ~/.kube/config."""
+    pod_uid: str | None = Field(default_factory=lambda: os.environ.get("POD_UID") or None)
+    """api=dra: this pod's UID (default: the POD_UID environment variable); when set, the
+    sockets carry it, so an old and a new pod of a rolling update serve side by side."""
     health: HealthSettings = HealthSettings()
     """Health policy thresholds for plugins that use devplug.health (health: in a config file)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _under_kubelet_root(cls, data: Any) -> Any:
+        # The kubelet's directories follow --kubelet-root unless they are given themselves.
+        if isinstance(data, dict) and data.get("kubelet_root") is not None:
+            root = Path(data["kubelet_root"])
+            data = dict(data)
+            data.setdefault("device_plugin_dir", root / "device-plugins")
+            data.setdefault("plugins_registry_dir", root / "plugins_registry")
+        return data
 
     @field_validator("register_timeout", "retry_initial", "retry_max", "shutdown_grace")
     @classmethod
     def _positive(cls, value: float) -> float:
         if value <= 0:
             raise ValueError("must be greater than 0")
+        return value
+
+    @field_validator("driver_name")
+    @classmethod
+    def _driver_name(cls, value: str | None) -> str | None:
+        if value is not None and not is_dns_subdomain(value, 63):
+            raise ValueError(
+                "a DRA driver name is a lowercase DNS subdomain of at most 63 characters "
+                "(letters, digits, '-' and '.', e.g. gpu.example.com)"
+            )
+        return value
+
+    @field_validator("node_name")
+    @classmethod
+    def _node_name(cls, value: str | None) -> str | None:
+        if value is not None and not is_dns_subdomain(value, 253):
+            raise ValueError("a node name is a lowercase DNS subdomain of at most 253 characters")
         return value
 
     @field_validator("metrics_address")
@@ -98,8 +147,22 @@ class Settings(BaseSettings):
         return value
 
     @property
+    def dra_plugins_dir(self) -> Path:
+        """``<kubelet_root>/plugins``: each DRA driver's socket and state live in a directory in it."""
+        return self.kubelet_root / "plugins"
+
+    @property
     def kubelet_socket_path(self) -> Path:
         return self.kubelet_socket or self.device_plugin_dir / "kubelet.sock"
+
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+
+
+def is_dns_subdomain(value: str, limit: int = 253) -> bool:
+    """Whether ``value`` is an RFC 1123 DNS subdomain of at most ``limit`` characters."""
+    return 0 < len(value) <= limit and _DNS_SUBDOMAIN.fullmatch(value) is not None
 
 
 class _OneLineParser(argparse.ArgumentParser):

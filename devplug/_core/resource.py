@@ -24,6 +24,7 @@ import structlog
 
 from devplug._core.backoff import Backoff
 from devplug._core.cdi_sync import CdiSync
+from devplug._core.feed import feed_devices
 from devplug._core.registration import register
 from devplug._core.servicer import (
     DevicePluginService,
@@ -114,34 +115,14 @@ class ResourceRunner:
     # -- devices ------------------------------------------------------------------------------
 
     async def _feed_devices(self) -> None:
-        """Iterate the plugin's ``watch_devices`` into the versioned state, restarting it on errors."""
-        backoff = Backoff(initial=0.5, maximum=30.0)
-        while True:
-            try:
-                async for devices in self.plugin.watch_devices():
-                    items = self._validated(devices)
-                    if items is not None:
-                        await self._before_publish(items)
-                        self._publish(items)
-                    backoff.reset()
-            except Exception as exc:
-                delay = backoff.next()
-                self._log.exception("watch_devices_failed", error=str(exc), retry_in=round(delay, 3))
-                await anyio.sleep(delay)
-                continue
-            self._log.warning("watch_devices_ended", keeping=len(self.state.current.devices))
-            return
+        """Iterate the plugin's ``watch_devices`` into the versioned state (see :mod:`.feed`)."""
 
-    def _validated(self, devices: object) -> tuple[Device, ...] | None:
-        try:
-            items: tuple[object, ...] = tuple(devices)  # type: ignore[arg-type]
-            valid = tuple(d for d in items if isinstance(d, Device))
-            if len(valid) != len(items):
-                raise TypeError("watch_devices must yield sequences of devplug.Device")
-        except (TypeError, ValueError) as exc:
-            self._log.error("invalid_device_list", error=str(exc))
-            return None
-        return valid
+        async def publish(items: tuple[Device, ...]) -> int:
+            await self._before_publish(items)
+            self._publish(items)
+            return len(self.state.current.devices)
+
+        await feed_devices(self.plugin, publish, self._log)
 
     async def _before_publish(self, items: tuple[Device, ...]) -> None:
         """Write the CDI spec of a new device set before the kubelet can see the set."""

@@ -24,7 +24,7 @@ from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.errors import DevplugError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
 log = structlog.get_logger(__name__)
 
@@ -127,9 +127,17 @@ def file_identity(path: Path) -> tuple[int, int, int] | None:
 class SocketServer:
     """A grpc.aio server on one socket file it owns; ``stop`` is idempotent."""
 
-    def __init__(self, path: Path, add_services: Callable[[grpc.aio.Server], None]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        add_services: Callable[[grpc.aio.Server], None],
+        check: Callable[[Path], Awaitable[None]] | None = None,
+    ) -> None:
+        """``check`` dials the new socket as its client will (default: a device plugin's
+        GetDevicePluginOptions) and raises grpc.aio.AioRpcError if it does not answer."""
         self.path = path
         self._add_services = add_services
+        self._check = check or self_dial
         self._server: grpc.aio.Server | None = None
         self._identity: tuple[int, int, int] | None = None
 
@@ -157,7 +165,7 @@ class SocketServer:
         self._server = server
         self._identity = file_identity(self.path)
         try:
-            await self_dial(self.path)
+            await self._check(self.path)
         except grpc.aio.AioRpcError as exc:
             if not self.alive():
                 # A restarting kubelet deleted the socket already; the caller sees the socket

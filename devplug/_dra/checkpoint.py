@@ -1,0 +1,131 @@
+"""The driver's own record of prepared claims: crash-safe, checksummed, keyed by claim UID.
+
+Unprepare works from this file alone (the claim may be deleted, the API server unreachable),
+and a repeated prepare returns what it holds, rewriting a CDI spec that has gone missing (a
+reboot empties /var/run/cdi while this file, under the kubelet's root, survives). A file whose
+checksum does not match, or that belongs to another driver or node, is never reset silently:
+prepares and unprepares fail with the reason until an operator moves it away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+KIND = "DevplugDRACheckpoint"
+VERSION = 1
+FILE_NAME = "checkpoint.json"
+
+
+@dataclass
+class PreparedClaim:
+    """A claim this driver has prepared: what the kubelet was told, and the spec written for it."""
+
+    uid: str
+    namespace: str
+    name: str
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    """``{"requests": [...], "pool": ..., "device": ..., "cdiDeviceIds": [...]}`` per device."""
+    spec_file: str | None = None
+    """The CDI spec's file name in the CDI directory, if devplug wrote one."""
+    spec_text: str | None = None
+    """Its content, to write it again when it is missing."""
+    resources: list[str] = field(default_factory=list)
+    """The resource names of the plugins that prepared it (their ``unprepare_claim`` is called)."""
+
+
+class Checkpoint:
+    """``checkpoint.json`` in the driver's data directory."""
+
+    def __init__(self, path: Path, driver: str, node: str) -> None:
+        self.path = path
+        self.driver = driver
+        self.node = node
+        self.claims: dict[str, PreparedClaim] = {}
+        self.error: str | None = None
+        """Why the file cannot be trusted (prepares fail closed while set)."""
+
+    def load(self) -> None:
+        """Read the file (a missing one is an empty checkpoint); sets :attr:`error` if unusable."""
+        self.claims, self.error = {}, None
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self.error = f"checkpoint {self.path} cannot be read: {exc.strerror}"
+            return
+        try:
+            data = json.loads(raw)
+            body = {k: v for k, v in data.items() if k != "checksum"}
+            if data.get("kind") != KIND or data.get("version") != VERSION:
+                raise ValueError(f"not a {KIND} version {VERSION}")
+            if data.get("checksum") != _checksum(body):
+                raise ValueError("checksum mismatch: the file is corrupted")
+            claims = {uid: PreparedClaim(**claim) for uid, claim in body["claims"].items()}
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            self.error = f"checkpoint {self.path} is unusable ({exc}); move it away to start over"
+            return
+        if body.get("driver") != self.driver or body.get("node") != self.node:
+            self.error = (
+                f"checkpoint {self.path} belongs to driver {body.get('driver')!r} on node "
+                f"{body.get('node')!r}, not {self.driver!r} on {self.node!r}; move it away to start over"
+            )
+            return
+        self.claims = claims
+
+    def save(self) -> None:
+        """Write the file atomically (temporary file, fsync, rename, fsync of the directory).
+
+        Raises:
+            OSError: it could not be written; the previous file stays.
+        """
+        body: dict[str, Any] = {
+            "kind": KIND,
+            "version": VERSION,
+            "driver": self.driver,
+            "node": self.node,
+            "claims": {uid: asdict(claim) for uid, claim in sorted(self.claims.items())},
+        }
+        data = json.dumps({**body, "checksum": _checksum(body)}, indent=1, sort_keys=True).encode()
+        atomic_write(self.path, data, 0o600)
+
+
+def _checksum(body: dict[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
+def atomic_write(path: Path, data: bytes, mode: int) -> None:
+    """Replace ``path`` with ``data`` so that a reader sees the old or the new content, never a mix.
+
+    Raises:
+        OSError: the file could not be written (the old one, if any, stays).
+    """
+    folder = path.parent
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

@@ -1,0 +1,426 @@
+"""NodePrepareResources and NodeUnprepareResources, claim by claim (dra.md §4, §6, §7).
+
+Prepare: read every claim from the API server (outside the lock), check its UID and that it is
+allocated, keep this driver's results and configs, then under the driver's lock: answer again
+what the checkpoint holds (writing a CDI spec that has gone missing), or prepare afresh
+(the plugin's ``prepare_claim``, else ``allocate`` once per request written as one CDI spec for
+the claim), checkpoint, answer. Unprepare: under the lock, from the checkpoint alone.
+
+Every claim asked for gets an entry, an error of one claim never fails the others, and the
+process never crashes on a request. A prepare that was already running when its claim was
+unprepared (the kubelet gave up after 45 s and moved on) is refused when it gets the lock, so
+it cannot leave a device prepared for a claim nobody will unprepare again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from devplug._dra.checkpoint import PreparedClaim, atomic_write
+from devplug._dra.names import cdi_device, cdi_kind, claim_spec_file
+from devplug.dra.models import AllocatedDevice, Claim, OpaqueConfig, PreparedDevice
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+    from pathlib import Path
+
+    from devplug._dra.checkpoint import Checkpoint
+    from devplug._dra.inventory import Inventory
+    from devplug.cdi import CdiSpec
+    from devplug.models import ContainerAllocation
+    from devplug.plugin import DevicePlugin
+
+
+class ClaimError(Exception):
+    """The reason one claim cannot be prepared or unprepared (its response's ``error``)."""
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it."""
+
+    uid: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+FetchClaim = "Callable[[str, str], Awaitable[dict[str, Any]]]"
+"""Reads a ResourceClaim (namespace, name); raises ClaimError with the reason it could not."""
+
+
+@dataclass
+class Outcome:
+    """One claim's answer: its devices, or an error."""
+
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    error: str = ""
+
+
+class Preparer:
+    """Prepares and unprepares the claims of one driver; calls are serialized."""
+
+    def __init__(
+        self,
+        *,
+        driver: str,
+        node: str,
+        inventory: Inventory,
+        checkpoint: Checkpoint,
+        cdi_dir: Path,
+        fetch_claim: Callable[[str, str], Awaitable[dict[str, Any]]],
+        log: Any,
+        lock_file: Path | None = None,
+    ) -> None:
+        self.driver = driver
+        self.node = node
+        self.inventory = inventory
+        self.checkpoint = checkpoint
+        self.cdi_dir = cdi_dir
+        self._fetch = fetch_claim
+        self._log = log
+        self._lock = anyio.Lock()
+        self._lock_file = lock_file
+        self._sequence = itertools.count(1)
+        self._running: set[int] = set()  # start numbers of the prepares in progress
+        self._unprepared: dict[str, int] = {}  # claim UID -> number of its last unprepare
+
+    # -- prepare --------------------------------------------------------------------------------
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, Outcome]:
+        """Prepare ``claims``; one outcome per distinct UID."""
+        start = next(self._sequence)
+        self._running.add(start)
+        try:
+            unique, outcomes = _distinct(claims)
+            fetched: dict[str, dict[str, Any]] = {}
+
+            async def fetch(ref: ClaimRef) -> None:
+                try:
+                    fetched[ref.uid] = self._checked(ref, await self._fetch(ref.namespace, ref.name))
+                except ClaimError as exc:
+                    outcomes[ref.uid] = Outcome(error=str(exc))
+
+            async with anyio.create_task_group() as tg:
+                for ref in unique:
+                    tg.start_soon(fetch, ref)
+            async with self._serialized():
+                for ref in unique:
+                    if ref.uid in outcomes:
+                        continue
+                    try:
+                        outcomes[ref.uid] = Outcome(await self._prepare_one(ref, fetched[ref.uid], start))
+                    except ClaimError as exc:
+                        outcomes[ref.uid] = Outcome(error=str(exc))
+                    except Exception as exc:  # a bug in a hook must not take the call down
+                        self._log.exception("prepare_failed", claim=str(ref), uid=ref.uid, error=str(exc))
+                        outcomes[ref.uid] = Outcome(error=f"prepare of claim {ref} failed: {exc}")
+            return outcomes
+        finally:
+            self._running.discard(start)
+            self._forget_unprepares()
+
+    def _checked(self, ref: ClaimRef, claim: dict[str, Any]) -> dict[str, Any]:
+        uid = claim.get("metadata", {}).get("uid")
+        if uid != ref.uid:
+            raise ClaimError(f"claim {ref} got replaced: its UID is {uid}, the kubelet asked for {ref.uid}")
+        if not (claim.get("status") or {}).get("allocation"):
+            raise ClaimError(f"claim {ref} is not allocated")
+        return claim
+
+    async def _prepare_one(self, ref: ClaimRef, claim: dict[str, Any], start: int) -> list[dict[str, Any]]:
+        self._refuse_if_unusable()
+        if self._unprepared.get(ref.uid, 0) > start:
+            raise ClaimError(
+                f"claim {ref} was unprepared while this prepare was in progress; refusing to prepare it late"
+            )
+        done = self.checkpoint.claims.get(ref.uid)
+        if done is not None:
+            await self._restore_spec(done)
+            self._log.info("claim_prepared_again", claim=str(ref), uid=ref.uid)
+            return done.devices
+        allocation = claim["status"]["allocation"].get("devices") or {}
+        devices = self._devices_of(ref, allocation.get("results") or [])
+        configs = self._configs(allocation.get("config") or [])
+        record = PreparedClaim(ref.uid, ref.namespace, ref.name)
+        entries = self.inventory.current.by_name
+        by_plugin: dict[int, list[AllocatedDevice]] = {}
+        plugins = {id(p): p for p in self.inventory.plugins}
+        for device in devices:
+            by_plugin.setdefault(id(entries[device.name].plugin), []).append(device)
+        full = Claim(uid=ref.uid, namespace=ref.namespace, name=ref.name, resource_claim=claim)
+        edits: dict[str, ContainerAllocation] = {}
+        try:
+            for key, group in by_plugin.items():
+                plugin = plugins[key]
+                prepared = None
+                if plugin.prepares_claims():
+                    prepared = await plugin.prepare_claim(full, group, [c for c in configs if _covers(c, group)])
+                if prepared is None:
+                    prepared = await self._default(plugin, ref, group, edits)
+                record.devices.extend(_answer(self.node, group, prepared))
+                record.resources.append(plugin.resource_name)
+            if edits:
+                spec = _claim_spec(self.driver, ref.uid, edits)
+                record.spec_file = claim_spec_file(self.driver, ref.uid)
+                record.spec_text = spec.to_json()
+                await anyio.to_thread.run_sync(self._write_spec, record)
+            self.checkpoint.claims[ref.uid] = record
+            try:
+                await anyio.to_thread.run_sync(self.checkpoint.save)
+            except OSError as exc:
+                del self.checkpoint.claims[ref.uid]
+                raise ClaimError(f"claim {ref}: the checkpoint cannot be written: {exc.strerror}") from None
+        except BaseException:
+            if ref.uid not in self.checkpoint.claims:
+                # Nothing recorded: undo what was done for this claim, as an unprepare would.
+                with anyio.CancelScope(shield=True):
+                    await self._undo(record)
+            raise
+        self._log.info("claim_prepared", claim=str(ref), uid=ref.uid, devices=[d.name for d in devices])
+        return record.devices
+
+    def _devices_of(self, ref: ClaimRef, results: list[dict[str, Any]]) -> list[AllocatedDevice]:
+        snapshot = self.inventory.current
+        taken = {
+            d["device"]: claim
+            for claim in self.checkpoint.claims.values()
+            for d in claim.devices
+            if not d.get("adminAccess")
+        }
+        out = []
+        for result in results:
+            if result.get("driver") != self.driver:
+                continue  # another driver's device: that driver prepares it
+            pool, name = result.get("pool"), result.get("device", "")
+            if pool != self.node:
+                raise ClaimError(f"claim {ref}: device {name} is in pool {pool!r}, not this node's pool {self.node!r}")
+            entry = snapshot.by_name.get(name)
+            if entry is None:
+                raise ClaimError(f"claim {ref}: device {name} is not one of driver {self.driver}'s devices on {self.node}")
+            admin = bool(result.get("adminAccess"))
+            owner = taken.get(name)
+            if owner is not None and not admin:
+                raise ClaimError(
+                    f"claim {ref}: device {name} is already prepared for claim "
+                    f"{owner.namespace}/{owner.name} ({owner.uid})"
+                )
+            out.append(
+                AllocatedDevice(
+                    request=str(result.get("request", "")),
+                    name=name,
+                    pool=str(pool),
+                    device=entry.device,
+                    admin_access=admin,
+                    share_id=result.get("shareID"),
+                )
+            )
+        return out
+
+    def _configs(self, configs: list[dict[str, Any]]) -> list[OpaqueConfig]:
+        mine = [
+            OpaqueConfig(
+                source=c.get("source", "FromClaim"),
+                requests=tuple(c.get("requests") or ()),
+                parameters=dict((c.get("opaque") or {}).get("parameters") or {}),
+            )
+            for c in configs
+            if (c.get("opaque") or {}).get("driver") == self.driver
+        ]
+        # Class configs first, claim configs after: a later entry overrides an earlier one.
+        return [c for c in mine if c.source == "FromClass"] + [c for c in mine if c.source != "FromClass"]
+
+    async def _default(
+        self,
+        plugin: DevicePlugin,
+        ref: ClaimRef,
+        devices: list[AllocatedDevice],
+        edits: dict[str, ContainerAllocation],
+    ) -> list[PreparedDevice]:
+        """``allocate`` once per request: one CDI device per request, named on its first device.
+
+        All devices of a request go to the same containers, and the CDI name is given once so
+        that a runtime never applies the same edits twice.
+        """
+        kind = cdi_kind(self.driver)
+        answer = []
+        for request, group in itertools.groupby(
+            sorted(devices, key=lambda d: d.request_name), key=lambda d: d.request_name
+        ):
+            members = list(group)
+            allocation = await plugin.allocate([d.device for d in members])
+            name = cdi_device(ref.uid, request)
+            edits[name] = allocation
+            ids = (f"{kind}={name}", *allocation.cdi_devices)
+            for i, device in enumerate(members):
+                answer.append(PreparedDevice(name=device.name, requests=(request,), cdi_device_ids=ids if i == 0 else ()))
+        return answer
+
+    async def _restore_spec(self, record: PreparedClaim) -> None:
+        if record.spec_file and not (self.cdi_dir / record.spec_file).exists():
+            await anyio.to_thread.run_sync(self._write_spec, record)
+            self._log.info("cdi_spec_restored", claim=f"{record.namespace}/{record.name}", file=record.spec_file)
+
+    def _write_spec(self, record: PreparedClaim) -> None:
+        assert record.spec_file is not None and record.spec_text is not None
+        self.cdi_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            atomic_write(self.cdi_dir / record.spec_file, record.spec_text.encode(), 0o644)
+        except OSError as exc:
+            raise ClaimError(f"cannot write the CDI spec {self.cdi_dir / record.spec_file}: {exc.strerror}") from None
+
+    # -- unprepare ------------------------------------------------------------------------------
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, Outcome]:
+        """Unprepare ``claims`` from the checkpoint alone; unknown claims succeed."""
+        unique, outcomes = _distinct(claims)
+        async with self._serialized():
+            for ref in unique:
+                self._unprepared[ref.uid] = next(self._sequence)
+                try:
+                    self._refuse_if_unusable()
+                    await self._unprepare_one(ref)
+                    outcomes[ref.uid] = Outcome()
+                except ClaimError as exc:
+                    outcomes[ref.uid] = Outcome(error=str(exc))
+                except Exception as exc:
+                    self._log.exception("unprepare_failed", claim=str(ref), uid=ref.uid, error=str(exc))
+                    outcomes[ref.uid] = Outcome(error=f"unprepare of claim {ref} failed: {exc}")
+        return outcomes
+
+    async def _unprepare_one(self, ref: ClaimRef) -> None:
+        record = self.checkpoint.claims.get(ref.uid)
+        if record is None:
+            self._log.info("claim_not_prepared", claim=str(ref), uid=ref.uid)
+            return
+        claim = Claim(uid=ref.uid, namespace=record.namespace, name=record.name)
+        for plugin in self.inventory.plugins:
+            if plugin.resource_name in record.resources and plugin.unprepares_claims():
+                await plugin.unprepare_claim(claim)
+        await self._undo(record)
+        del self.checkpoint.claims[ref.uid]
+        try:
+            await anyio.to_thread.run_sync(self.checkpoint.save)
+        except OSError as exc:
+            self.checkpoint.claims[ref.uid] = record
+            raise ClaimError(f"claim {ref}: the checkpoint cannot be written: {exc.strerror}") from None
+        self._log.info("claim_unprepared", claim=str(ref), uid=ref.uid)
+
+    async def _undo(self, record: PreparedClaim) -> None:
+        if record.spec_file:
+            path = self.cdi_dir / record.spec_file
+            with contextlib.suppress(FileNotFoundError):
+                await anyio.to_thread.run_sync(path.unlink)
+
+    # -- serialization --------------------------------------------------------------------------
+
+    def _refuse_if_unusable(self) -> None:
+        if self.checkpoint.error:
+            raise ClaimError(self.checkpoint.error)
+
+    @contextlib.asynccontextmanager
+    async def _serialized(self) -> AsyncIterator[None]:
+        """The driver's lock: a process lock, and with rolling updates an flock shared by the
+        old and the new pod, which then share state only through the checkpoint file."""
+        async with self._lock:
+            if self._lock_file is None:
+                yield
+                return
+            fd = await anyio.to_thread.run_sync(_flock, self._lock_file)
+            try:
+                await anyio.to_thread.run_sync(self.checkpoint.load)
+                yield
+            finally:
+                os.close(fd)
+
+    def _forget_unprepares(self) -> None:
+        # Only prepares already running can be refused by an unprepare: older marks are moot.
+        oldest = min(self._running, default=None)
+        if oldest is None:
+            self._unprepared.clear()
+        else:
+            for uid in [u for u, n in self._unprepared.items() if n < oldest]:
+                del self._unprepared[uid]
+
+
+def _flock(path: Path) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _distinct(claims: Sequence[ClaimRef]) -> tuple[list[ClaimRef], dict[str, Outcome]]:
+    """The claims by UID, first occurrence kept; a UID named twice differently is an error."""
+    unique: dict[str, ClaimRef] = {}
+    outcomes: dict[str, Outcome] = {}
+    for ref in claims:
+        first = unique.setdefault(ref.uid, ref)
+        if first != ref:
+            outcomes[ref.uid] = Outcome(
+                error=f"claim UID {ref.uid} is named twice in one request: {first} and {ref}"
+            )
+    return [r for r in unique.values() if r.uid not in outcomes], outcomes
+
+
+def _covers(config: OpaqueConfig, devices: list[AllocatedDevice]) -> bool:
+    return any(config.applies_to(d.request) for d in devices)
+
+
+def _answer(node: str, devices: list[AllocatedDevice], prepared: Sequence[PreparedDevice]) -> list[dict[str, Any]]:
+    """The kubelet's Device entries for what a plugin prepared (checked against what was asked)."""
+    asked = {d.name: d for d in devices}
+    out = []
+    for item in prepared:
+        if not isinstance(item, PreparedDevice) or item.name not in asked:
+            got = item.name if isinstance(item, PreparedDevice) else type(item).__name__
+            raise ClaimError(f"prepare_claim returned {got}, which is not a device of this claim")
+        device = asked[item.name]
+        requests = list(item.requests) or [device.request_name]
+        out.append(
+            {
+                "requests": requests,
+                "pool": node,
+                "device": item.name,
+                "cdiDeviceIds": list(item.cdi_device_ids),
+                "adminAccess": device.admin_access,
+                **({"shareID": device.share_id} if device.share_id else {}),
+            }
+        )
+    return out
+
+
+def _claim_spec(driver: str, uid: str, edits: dict[str, ContainerAllocation]) -> CdiSpec:
+    from devplug.cdi import CdiDevice, CdiMount, CdiSpec, ContainerEdits, DeviceNode
+
+    devices = []
+    for name, allocation in sorted(edits.items()):
+        container_edits = ContainerEdits(
+            env=tuple(f"{k}={v}" for k, v in sorted(allocation.envs.items())),
+            device_nodes=tuple(
+                DeviceNode(
+                    path=d.container_path,
+                    host_path=d.host_path if d.host_path != d.container_path else None,
+                    permissions=d.permissions,
+                )
+                for d in allocation.devices
+            ),
+            mounts=tuple(
+                CdiMount(
+                    host_path=m.host_path,
+                    container_path=m.container_path,
+                    options=("ro" if m.read_only else "rw", "nosuid", "nodev", "bind"),
+                )
+                for m in allocation.mounts
+            ),
+        )
+        devices.append(CdiDevice(name=name, annotations=dict(allocation.annotations), container_edits=container_edits))
+    return CdiSpec(kind=cdi_kind(driver), devices=tuple(devices))

@@ -1,0 +1,249 @@
+"""Keeps the node's ResourceSlices equal to the driver's devices, whoever deletes or edits them.
+
+An informer (list, then watch from the list's resourceVersion; list again whenever the watch
+breaks) keeps a cache of the driver's slices on this node; every write's answer goes into the
+cache at once, so a reconcile never acts on a view older than its own last write. The
+reconciler runs whenever the devices, the cache or the clock (every minute) say so: it plans the
+writes (:func:`devplug._dra.slices.plan`) and makes them, a few at a time. A failed write is one
+log line naming the object, the verb and the status, and the reconcile is retried with capped,
+jittered back-off, forever: prepares are served meanwhile from what the kubelet already has.
+
+The kubelet deletes every slice of its node when it starts: the watch reports the deletions and
+the slices are written again within milliseconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from devplug._core.backoff import Backoff
+from devplug._dra.kube import KubeError
+from devplug._dra.slices import Plan, Pool, chunks, device_entry, plan
+
+if TYPE_CHECKING:
+    from devplug._dra.inventory import Inventory, Snapshot
+    from devplug._dra.kube import Kube
+
+RESYNC = 60.0
+"""Seconds between reconciles when nothing happens (a missed event cannot outlive this)."""
+PARALLEL_WRITES = 8
+
+
+class SlicePublisher:
+    """Publishes one driver's devices on one node."""
+
+    def __init__(self, kube: Kube, *, driver: str, node: str, inventory: Inventory, log: Any) -> None:
+        self.kube = kube
+        self.driver = driver
+        self.node = node
+        self.inventory = inventory
+        self._log = log.bind(driver=driver, node=node)
+        self._cache: dict[str, dict[str, Any]] = {}
+        self._dirty = anyio.Event()
+        self._pool: Pool | None = None
+        self._generation = 0
+        self.taints_supported = True
+        """False once the API server has dropped a device taint: unhealthy devices are left out."""
+        self.in_sync = False
+        """The last reconcile found the API server's slices equal to the devices."""
+        self.synced_at: float | None = None
+        self.slices = 0
+        """Slices published at the last successful reconcile."""
+        self.writes: Counter[str] = Counter()
+        """Successful writes by verb."""
+        self.errors: Counter[str] = Counter()
+        """Failed API requests by status (``403``, ``unreachable``, ...)."""
+        self.last_error: str | None = None
+
+    def not_ready_reason(self) -> str | None:
+        """Why the node's slices are not known to be published, or None."""
+        if self.in_sync:
+            return None
+        return self.last_error or "slices not published yet"
+
+    async def run(self) -> None:
+        """Publish until cancelled."""
+        self._pool = Pool(self.driver, self.node, await self._node_uid())
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._inform)
+            tg.start_soon(self._follow_devices)
+            tg.start_soon(self._reconcile_loop)
+
+    def _mark(self) -> None:
+        self.in_sync = False
+        self._dirty.set()
+
+    # -- the node ---------------------------------------------------------------------------
+
+    async def _node_uid(self) -> str:
+        backoff = Backoff(initial=0.5, maximum=30.0)
+        while True:
+            try:
+                uid = await self.kube.node_uid(self.node)
+            except KubeError as exc:
+                self._failed(exc, verb="get", obj=f"nodes/{self.node}", retry=backoff)
+                await anyio.sleep(backoff.next())
+                continue
+            if uid:
+                return uid
+
+    # -- informer ---------------------------------------------------------------------------
+
+    async def _inform(self) -> None:
+        backoff = Backoff(initial=0.2, maximum=30.0)
+        while True:
+            try:
+                items, version = await self.kube.list_slices(self.driver, self.node)
+                self._cache = {s["metadata"]["name"]: s for s in items}
+                self._mark()
+                backoff.reset()
+                async for kind, obj in self.kube.watch_slices(self.driver, self.node, version):
+                    self._observe(kind, obj)
+            except KubeError as exc:
+                if exc.status != 410:  # 410: the watch fell behind; listing again is the cure
+                    self._failed(exc, verb="watch", obj="resourceslices", retry=backoff)
+            await anyio.sleep(backoff.next())
+
+    def _observe(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj.get("metadata", {}).get("name")
+        if not name or kind not in ("ADDED", "MODIFIED", "DELETED"):
+            return
+        known = self._cache.get(name)
+        if known is not None and _older(obj, known):
+            return  # our own write already told us more
+        if kind == "DELETED":
+            self._cache.pop(name, None)
+            self._log.info("resourceslice_deleted", slice=name)
+        else:
+            self._cache[name] = obj
+        self._mark()
+
+    # -- reconciler -------------------------------------------------------------------------
+
+    async def _follow_devices(self) -> None:
+        version = 0
+        while True:
+            snapshot = await self.inventory.newer_than(version)
+            version = snapshot.version
+            self._mark()
+
+    async def _reconcile_loop(self) -> None:
+        backoff = Backoff(initial=0.1, maximum=30.0)
+        while True:
+            with anyio.move_on_after(RESYNC):
+                await self._dirty.wait()
+            self._dirty = anyio.Event()
+            snapshot = self.inventory.current
+            if not snapshot.complete:
+                continue  # a plugin has not listed its devices yet: publish nothing partial
+            try:
+                await self._reconcile(snapshot)
+            except KubeError:
+                self.in_sync = False
+                await anyio.sleep(backoff.next())
+                self._dirty.set()
+                continue
+            backoff.reset()
+
+    def _wanted(self, snapshot: Snapshot) -> list[list[dict[str, Any]]]:
+        devices = []
+        for entry in snapshot.entries:
+            if not self.taints_supported and not entry.device.healthy:
+                continue  # no taints on this server: an unhealthy device is not offered at all
+            try:
+                devices.append(device_entry(entry, self.driver, taint_unhealthy=self.taints_supported))
+            except ValueError as exc:
+                self._log.error("device_not_published", device=entry.device.id, error=str(exc))
+        return chunks(devices)
+
+    async def _reconcile(self, snapshot: Snapshot) -> None:
+        assert self._pool is not None
+        todo = plan(self._pool, self._wanted(snapshot), list(self._cache.values()), self._generation)
+        if not todo:
+            self._synced(snapshot)
+            return
+        started = time.monotonic()
+        await self._execute(todo)
+        self._generation = max(self._generation, todo.generation)
+        self._log.info(
+            "resourceslices_published",
+            generation=todo.generation,
+            created=len(todo.create),
+            updated=len(todo.update),
+            deleted=len(todo.delete),
+            devices=len(snapshot.entries),
+            seconds=round(time.monotonic() - started, 4),
+        )
+        # The cache holds every answer now: check again at once (nothing left to do, normally).
+        self._dirty.set()
+
+    def _synced(self, snapshot: Snapshot) -> None:
+        if not self.in_sync:
+            self.synced_at = time.monotonic()
+        self.in_sync = True
+        self.last_error = None
+        self.slices = len(self._cache)
+
+    async def _execute(self, todo: Plan) -> None:
+        failures: list[KubeError] = []
+        limit = anyio.Semaphore(PARALLEL_WRITES)
+
+        async def write(verb: str, obj: dict[str, Any]) -> None:
+            async with limit:
+                name = obj["metadata"].get("name") or obj["metadata"].get("generateName", "") + "*"
+                try:
+                    if verb == "delete":
+                        await self.kube.delete_slice(name)
+                        self._cache.pop(name, None)
+                    else:
+                        call = self.kube.create_slice if verb == "create" else self.kube.replace_slice
+                        stored = await call(obj)
+                        self._cache[stored["metadata"]["name"]] = stored
+                        self._check_taints(obj, stored)
+                    self.writes[verb] += 1
+                except KubeError as exc:
+                    if verb == "delete" and exc.status == 404:
+                        self._cache.pop(name, None)
+                        return
+                    failures.append(exc)
+                    self._failed(exc, verb=verb, obj=f"resourceslices/{name}")
+
+        # Obsolete slices first (a reader never sees two slices of one device), then the rest.
+        for verbs in (("delete",), ("update", "create")):
+            async with anyio.create_task_group() as tg:
+                for verb in verbs:
+                    for obj in getattr(todo, verb):
+                        tg.start_soon(write, verb, obj)
+        if failures:
+            raise failures[0]
+
+    def _check_taints(self, sent: dict[str, Any], stored: dict[str, Any]) -> None:
+        if not self.taints_supported:
+            return
+        tainted = sum(1 for d in sent["spec"].get("devices") or () if d.get("taints"))
+        kept = sum(1 for d in stored.get("spec", {}).get("devices") or () if d.get("taints"))
+        if tainted and not kept:
+            self.taints_supported = False
+            self._log.warning(
+                "device_taints_dropped",
+                note="the API server drops device taints (DRADeviceTaints off): unhealthy devices "
+                "are left out of the slices instead",
+            )
+            self._mark()
+
+    def _failed(self, exc: KubeError, *, verb: str, obj: str, retry: Backoff | None = None) -> None:
+        self.errors[exc.status_label] += 1
+        self.last_error = f"{verb} {obj}: {exc.status_label} {exc}"
+        self._log.warning("api_error", verb=verb, object=obj, status=exc.status_label, error=str(exc))
+
+
+def _older(new: dict[str, Any], known: dict[str, Any]) -> bool:
+    """Whether ``new`` is an older version of the object than ``known`` (numeric versions)."""
+    try:
+        return int(new["metadata"]["resourceVersion"]) < int(known["metadata"]["resourceVersion"])
+    except (KeyError, ValueError, TypeError):
+        return False

@@ -1,0 +1,211 @@
+"""Devices → ResourceSlices, and the writes that bring the API server's slices to them.
+
+Pure: dicts in the resource.k8s.io/v1 JSON shape, no client, no I/O. The rules (dra.md §5–6):
+
+* one pool per node, named after the node, with ``nodeName`` set and the Node as controlling
+  owner (garbage-collected with it);
+* at most 128 devices per slice, 64 when a device of the slice carries taints (so 64 whenever
+  any device does: chunk sizes then do not flip with every health change of one device);
+* every slice of a pool carries the pool's ``generation`` and ``resourceSliceCount``; consumers
+  use only the highest generation and allocate nothing from an incomplete pool;
+* the generation is kept when nothing is created, the slice count stays and at most one slice
+  changes, and bumped otherwise (a reader never combines two slices written at different
+  moments of one change, and a count is the same in every slice of a generation);
+  it never goes down, even after every slice was deleted;
+* slice ``i`` is named ``<hex i>-<driver>-<node>-<random>`` (the server completes the name), so
+  its place in the pool is read back from its name, and lower indexes are allocated first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from devplug.models import MAX_ATTRIBUTES, Version
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from devplug._dra.inventory import Entry
+
+API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES = 128
+MAX_DEVICES_TAINTED = 64
+ID_ATTRIBUTE = "id"
+NUMA_ATTRIBUTE = "numaNode"
+RESOURCE_ATTRIBUTE = "resourceName"
+UNHEALTHY_TAINT = "unhealthy"
+
+
+def attribute(value: bool | int | str | Version) -> dict[str, Any]:
+    """One attribute value in the API's shape: exactly one of bool, int, string, version."""
+    if isinstance(value, bool):
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    if isinstance(value, Version):
+        return {"version": value.value}
+    return {"string": value}
+
+
+def device_entry(entry: Entry, driver: str, *, taint_unhealthy: bool) -> dict[str, Any]:
+    """The ResourceSlice device for one inventory entry.
+
+    The plugin's attributes and capacity, plus the original ID, the first NUMA node and the
+    resource name (the plugin's own attributes of those names win). Unhealthy devices carry a
+    ``NoSchedule`` taint ``<driver>/unhealthy`` when ``taint_unhealthy``.
+
+    Raises:
+        ValueError: the device's attributes and capacities pass the API's limit of 32.
+    """
+    device = entry.device
+    attributes: dict[str, Any] = {
+        ID_ATTRIBUTE: {"string": device.id},
+        RESOURCE_ATTRIBUTE: {"string": entry.resource},
+    }
+    if device.numa_nodes:
+        attributes[NUMA_ATTRIBUTE] = {"int": device.numa_nodes[0]}
+    attributes.update((name, attribute(value)) for name, value in device.attributes.items())
+    if len(attributes) + len(device.capacity) > MAX_ATTRIBUTES:
+        raise ValueError(
+            f"device {device.id}: {len(attributes)} attributes (with id, resourceName and numaNode) "
+            f"and {len(device.capacity)} capacities pass the limit of {MAX_ATTRIBUTES}"
+        )
+    out: dict[str, Any] = {"name": entry.name, "attributes": dict(sorted(attributes.items()))}
+    if device.capacity:
+        out["capacity"] = {name: {"value": value} for name, value in sorted(device.capacity.items())}
+    if taint_unhealthy and not device.healthy:
+        out["taints"] = [{"key": f"{driver}/{UNHEALTHY_TAINT}", "effect": "NoSchedule"}]
+    return out
+
+
+def chunks(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The devices split into slices; one empty slice for no devices (a pool has ≥ 1 slice)."""
+    size = MAX_DEVICES_TAINTED if any("taints" in d for d in devices) else MAX_DEVICES
+    return [list(devices[i : i + size]) for i in range(0, len(devices), size)] or [[]]
+
+
+def name_prefix(index: int, driver: str, node: str) -> str:
+    """The generateName of slice ``index``: ``<5+ hex digits>-<driver>-<node>-`` (≤ 240 chars)."""
+    return f"{index:05x}-{driver}-{node}"[:240] + "-"
+
+
+def index_of(name: str, driver: str, node: str) -> int | None:
+    """The index a slice name was generated for, or None if it is not one of ours."""
+    head = name.partition("-")[0]
+    try:
+        index = int(head, 16)
+    except ValueError:
+        return None
+    return index if name.startswith(name_prefix(index, driver, node)) else None
+
+
+@dataclass
+class Pool:
+    """Where the slices go and who owns them."""
+
+    driver: str
+    node: str
+    node_uid: str
+
+    def slice_object(self, index: int, generation: int, count: int, devices: list[dict[str, Any]]) -> dict[str, Any]:
+        """A new slice (named by the server from its index)."""
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {
+                "generateName": name_prefix(index, self.driver, self.node),
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "name": self.node,
+                        "uid": self.node_uid,
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": self.spec(generation, count, devices),
+        }
+
+    def spec(self, generation: int, count: int, devices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "driver": self.driver,
+            "nodeName": self.node,
+            "pool": {"name": self.node, "generation": generation, "resourceSliceCount": count},
+            "devices": devices,
+        }
+
+
+@dataclass
+class Plan:
+    """The writes that make the API server's slices match the wanted devices."""
+
+    generation: int
+    delete: list[dict[str, Any]] = field(default_factory=list)
+    update: list[dict[str, Any]] = field(default_factory=list)
+    create: list[dict[str, Any]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.delete or self.update or self.create)
+
+
+def comparable(spec: dict[str, Any]) -> dict[str, Any]:
+    """A slice spec without what the API server fills in by itself (a taint's ``timeAdded``)."""
+    devices = []
+    for device in spec.get("devices") or ():
+        if device.get("taints"):
+            taints = [{k: v for k, v in t.items() if k != "timeAdded"} for t in device["taints"]]
+            device = {**device, "taints": taints}
+        devices.append(device)
+    return {**spec, "devices": devices}
+
+
+def plan(
+    pool: Pool, wanted: list[list[dict[str, Any]]], existing: Sequence[dict[str, Any]], last_generation: int
+) -> Plan:
+    """The writes from ``existing`` (every slice of this driver on this node) to ``wanted``.
+
+    ``last_generation``: the highest generation this process has written, so that a pool
+    re-created after its slices were wiped never goes back to an older generation.
+    """
+    ours: dict[int, dict[str, Any]] = {}
+    obsolete: list[dict[str, Any]] = []
+    current = max(
+        [s["spec"]["pool"].get("generation", 0) for s in existing if _pool(s) == pool.node] or [0]
+    )
+    for item in sorted(existing, key=lambda s: s["metadata"].get("creationTimestamp", "")):
+        index = index_of(item["metadata"]["name"], pool.driver, pool.node)
+        spec = item["spec"]
+        if (
+            index is None
+            or index >= len(wanted)
+            or _pool(item) != pool.node
+            or spec["pool"].get("generation", 0) < current
+            or index in ours
+        ):
+            obsolete.append(item)
+        else:
+            ours[index] = item
+    count = len(wanted)
+    generation = max(current, last_generation)
+    specs = {i: pool.spec(generation, count, devices) for i, devices in enumerate(wanted)}
+    changed = [i for i, item in ours.items() if comparable(item["spec"]) != specs[i]]
+    missing = [i for i in range(count) if i not in ours]
+    recounted = any(item["spec"]["pool"].get("resourceSliceCount") != count for item in ours.values())
+    if missing or recounted or len(changed) > 1 or generation != current:
+        generation += 1
+        specs = {i: pool.spec(generation, count, devices) for i, devices in enumerate(wanted)}
+        changed = sorted(ours)
+    result = Plan(generation, delete=obsolete)
+    for i in changed:
+        item = ours[i]
+        result.update.append({**item, "spec": specs[i]})
+    for i in missing:
+        result.create.append(pool.slice_object(i, generation, count, wanted[i]))
+    return result
+
+
+def _pool(item: dict[str, Any]) -> str:
+    return str(item["spec"].get("pool", {}).get("name", ""))
+
