@@ -1,9 +1,12 @@
-"""CDI spec files on disk: atomic writes and removal (re-exported by :mod:`devplug.cdi`).
+"""CDI spec files on disk: their names, atomic writes and removal (used by :mod:`devplug.cdi`).
 
 Runtimes (containerd, CRI-O) watch the CDI directories and reload a file when it changes, so a
 reader must never see a half-written spec: write a temporary file in the same directory, fsync
 it, then rename it over the old one. The temporary name ends in ``.tmp`` and starts with a dot,
 so a runtime scanning for ``*.json`` never loads it.
+
+This module knows file names and bytes, not specs: :func:`devplug.cdi.write_spec` turns a spec
+into its file's name and text and hands them to :func:`write_atomically`.
 """
 
 from __future__ import annotations
@@ -12,12 +15,8 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from devplug.cdi import CdiSpec
-
-__all__ = ["DEFAULT_CDI_DIR", "remove_spec", "spec_file_name", "write_spec"]
+__all__ = ["DEFAULT_CDI_DIR", "remove_spec", "spec_file_name", "write_atomically"]
 
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
 """Where dynamically generated specs go (``/etc/cdi`` is for static ones)."""
@@ -29,18 +28,19 @@ def spec_file_name(kind: str) -> str:
     return f"{vendor}-{klass}.json"
 
 
-def write_spec(spec: CdiSpec, directory: str | os.PathLike[str] = DEFAULT_CDI_DIR) -> Path:
-    """Write ``spec`` atomically as ``<directory>/<vendor>-<class>.json`` (mode 0644).
+def write_atomically(directory: str | os.PathLike[str], name: str, text: str) -> Path:
+    """Write ``text`` as ``<directory>/<name>`` (mode 0644), replacing any old file in one step.
 
-    The directory is created if missing. Returns the file's path.
+    A reader sees the old file or the new one, never a part of either. The directory is created
+    if missing. Returns the file's path.
 
     Raises:
         OSError: the directory or the file could not be written (the old file, if any, stays).
     """
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / spec.file_name
-    data = spec.to_json().encode()
+    path = folder / name
+    data = text.encode()
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

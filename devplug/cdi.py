@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from devplug._cdi_files import DEFAULT_CDI_DIR, remove_spec, spec_file_name, write_spec
+from devplug._cdi_files import DEFAULT_CDI_DIR, remove_spec, spec_file_name, write_atomically
+
+if TYPE_CHECKING:
+    import os
+    from pathlib import Path
 
 __all__ = [
     "DEFAULT_CDI_DIR",
@@ -304,3 +308,14 @@ class CdiSpec(_Model):
     def file_name(self) -> str:
         """``<vendor>-<class>.json``."""
         return spec_file_name(self.kind)
+
+
+def write_spec(spec: CdiSpec, directory: str | os.PathLike[str] = DEFAULT_CDI_DIR) -> Path:
+    """Write ``spec`` atomically as ``<directory>/<vendor>-<class>.json`` (mode 0644).
+
+    The directory is created if missing. Returns the file's path.
+
+    Raises:
+        OSError: the directory or the file could not be written (the old file, if any, stays).
+    """
+    return write_atomically(directory, spec.file_name, spec.to_json())

@@ -24,13 +24,13 @@ if TYPE_CHECKING:
 
     from prometheus_client.metrics_core import Metric
 
-    from devplug._core.runner import Runner
+    from devplug._core.introspect import Observed
 
 
 class RunnerCollector(Collector):
-    """devplug_* metrics of one :class:`Runner`, plus every declared event counter."""
+    """devplug_* metrics of one runner, plus every declared event counter."""
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Observed) -> None:
         self._runner = runner
 
     def collect(self) -> Iterator[Metric]:
@@ -129,7 +129,7 @@ class RunnerCollector(Collector):
         yield from (registered, registrations, devices, age, sent, streams, transitions)
 
 
-def registry_for(runner: Runner) -> CollectorRegistry:
+def registry_for(runner: Observed) -> CollectorRegistry:
     """A registry of the runner's metrics and the usual process ones."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunnerCollector(runner))

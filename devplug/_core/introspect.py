@@ -1,13 +1,46 @@
-"""What a resource looks like from outside: readiness and the debug dump (pure reads)."""
+"""What the process looks like from outside: readiness, the debug dump, metrics (pure reads).
+
+:class:`Observed` is what the probes and the metrics read from the process; the runner
+provides it, and they depend on this description, not on the runner.
+"""
 
 from __future__ import annotations
 
 import datetime
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from devplug._core.resource import ResourceRunner
+    from collections.abc import Mapping, Sequence
+
+    from devplug._core.resource import ResourceRunner, ResourceStatus
+    from devplug._core.telemetry import ResourceCounters
+    from devplug.models import Device
+
+
+class Observed(Protocol):
+    """What ``/healthz``, ``/readyz``, ``/debug/state`` and ``/metrics`` read (a ``Runner``)."""
+
+    @property
+    def counters(self) -> Mapping[str, ResourceCounters]:
+        """What each resource name has counted since the process started."""
+
+    @property
+    def reloads(self) -> Mapping[str, int]:
+        """Configuration reloads by result: applied, failed."""
+
+    @property
+    def resources(self) -> Mapping[str, ResourceStatus]:
+        """The status of every resource served now."""
+
+    def devices(self, resource: str) -> Sequence[Device]:
+        """The devices ``resource`` lists now."""
+
+    def readiness(self) -> tuple[bool, list[str]]:
+        """Whether the process is ready, and if not every reason why."""
+
+    def debug_state(self) -> dict[str, Any]:
+        """The JSON document of ``/debug/state``."""
 
 
 def not_ready_reason(runner: ResourceRunner) -> str | None:
@@ -25,7 +58,7 @@ def not_ready_reason(runner: ResourceRunner) -> str | None:
 
 
 def resource_state(runner: ResourceRunner) -> dict[str, Any]:
-    """One resource in :meth:`Runner.debug_state`."""
+    """One resource in :meth:`Observed.debug_state`."""
     status, counters = runner.status, runner.counters
     last = counters.last_sent
     last_sent = None

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import Listener, SocketStream
 
-    from devplug._core.runner import Runner
+    from devplug._core.introspect import Observed
 
 log = structlog.get_logger("devplug.probes")
 
@@ -54,7 +54,7 @@ def parse_address(address: str) -> tuple[str, int]:
 class ProbeServer:
     """Serves /metrics, /healthz, /readyz and /debug/state for one runner."""
 
-    def __init__(self, runner: Runner, address: str) -> None:
+    def __init__(self, runner: Observed, address: str) -> None:
         from devplug._core.exposition import registry_for
 
         self._runner = runner

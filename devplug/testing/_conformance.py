@@ -17,18 +17,17 @@ import anyio
 
 from devplug.errors import KubeletError
 from devplug.testing import _judges as judge
-from devplug.testing._judges import Connection, Outcome
+from devplug.testing._judges import CHECKS, Connection, Outcome
 from devplug.testing._kubelet import FakeKubelet
 from devplug.testing._process import PluginExited, PluginProcess
 from devplug.testing._validation import KUBELET_SOCKET, join_endpoint
-from devplug.testing.conformance import CHECKS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
 
+    from devplug.testing._judges import CheckStatus
     from devplug.testing._resource import Registration
-    from devplug.testing.conformance import CheckStatus
 
 LIST_WAIT = 3.0
 """Seconds to wait for the first message of a stream (1 s is the limit; more tells late from never)."""

@@ -1,22 +1,42 @@
-"""Conformance verdicts on what the fake kubelet recorded: pure functions, no I/O.
+"""The conformance checks: their names, and the verdicts on what the fake kubelet recorded.
 
-Each takes the registrations or connections of a run and returns ``(status, reason)``; the
-reason is one line naming what was seen, and for a failure, why the kubelet cares.
+:data:`CHECKS` names every check (:mod:`devplug.testing.conformance` re-exports it). The
+verdicts are pure functions, no I/O: each takes the registrations or connections of a run and
+returns ``(status, reason)``; the reason is one line naming what was seen, and for a failure,
+why the kubelet cares.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from devplug.models import PluginOptions
     from devplug.testing._resource import Endpoint, Registration
-    from devplug.testing.conformance import CheckStatus
 
-Outcome = tuple["CheckStatus", str]
+CheckStatus = Literal["pass", "fail", "skip"]
+
+CHECKS: Mapping[str, str] = MappingProxyType({
+    "serves_before_registering": "the socket accepts connections when Register arrives (the kubelet dials)",
+    "valid_registration": "Register is accepted: v1beta1, an extended resource name, a bare file name",
+    "consistent_options": "RegisterRequest.options equal GetDevicePluginOptions' reply",
+    "initial_list_at_once": "every ListAndWatch stream gets the current list within 1 s of opening",
+    "full_lists_only": "every message lists the same device IDs (nothing changed them), after restarts too",
+    "exact_health_strings": 'health is exactly "Healthy" or "Unhealthy"',
+    "allocate_one_response": "Allocate answers one container response for one container request",
+    "unknown_ids_rejected": "Allocate of an unknown device ID fails with an error status",
+    "preferred_allocation": "GetPreferredAllocation honours must-include and size (when offered)",
+    "re_registers_after_restart": "the plugin registers again after each kubelet restart",
+    "unique_socket_per_instance": "every registration uses a new socket file name",
+    "socket_removed_on_sigterm": "SIGTERM: the process exits and removes its sockets",
+})  # fmt: skip
+"""Every check's name and what it demands, in report order."""
+
+Outcome = tuple[CheckStatus, str]
 
 AT_ONCE = 1.0
 """Seconds within which a new stream must get its first list."""

@@ -19,33 +19,17 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
+
+from devplug.testing._conformance import Session
+from devplug.testing._judges import CHECKS, CheckStatus
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
 __all__ = ["CHECKS", "CheckResult", "CheckStatus", "ConformanceReport", "run_conformance"]
-
-CheckStatus = Literal["pass", "fail", "skip"]
-
-CHECKS: Mapping[str, str] = MappingProxyType({
-    "serves_before_registering": "the socket accepts connections when Register arrives (the kubelet dials)",
-    "valid_registration": "Register is accepted: v1beta1, an extended resource name, a bare file name",
-    "consistent_options": "RegisterRequest.options equal GetDevicePluginOptions' reply",
-    "initial_list_at_once": "every ListAndWatch stream gets the current list within 1 s of opening",
-    "full_lists_only": "every message lists the same device IDs (nothing changed them), after restarts too",
-    "exact_health_strings": 'health is exactly "Healthy" or "Unhealthy"',
-    "allocate_one_response": "Allocate answers one container response for one container request",
-    "unknown_ids_rejected": "Allocate of an unknown device ID fails with an error status",
-    "preferred_allocation": "GetPreferredAllocation honours must-include and size (when offered)",
-    "re_registers_after_restart": "the plugin registers again after each kubelet restart",
-    "unique_socket_per_instance": "every registration uses a new socket file name",
-    "socket_removed_on_sigterm": "SIGTERM: the process exits and removes its sockets",
-})  # fmt: skip
-"""Every check's name and what it demands, in report order."""
 
 
 class _Frozen(BaseModel):
@@ -127,8 +111,6 @@ async def run_conformance(
         OSError: the command could not be started (e.g. not found).
         ValueError: an empty command.
     """
-    from devplug.testing._conformance import Session
-
     if not command:
         raise ValueError("no command to run")
     root = _make_root(directory)
