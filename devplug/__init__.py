@@ -12,7 +12,8 @@ Building blocks, each its own module: :mod:`devplug.policies` (preferred-allocat
 from __future__ import annotations
 
 from devplug._core.resource import ResourceStatus
-from devplug._core.runner import Plugins, PluginSource, Runner, run, serve
+from devplug._core.runner import Plugins, PluginSource, Runner, serve
+from devplug._main import run
 from devplug.checks import HostPathError
 from devplug.errors import ConfigError, DevplugError, KubeletError, RegistrationError
 from devplug.health import HealthPolicy, HealthSettings

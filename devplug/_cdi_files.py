@@ -28,8 +28,8 @@ def spec_file_name(kind: str) -> str:
     return f"{vendor}-{klass}.json"
 
 
-def write_atomically(directory: str | os.PathLike[str], name: str, text: str) -> Path:
-    """Write ``text`` as ``<directory>/<name>`` (mode 0644), replacing any old file in one step.
+def write_atomically(directory: str | os.PathLike[str], name: str, text: str, mode: int = 0o644) -> Path:
+    """Write ``text`` as ``<directory>/<name>`` (``mode``), replacing any old file in one step.
 
     A reader sees the old file or the new one, never a part of either. The directory is created
     if missing. Returns the file's path.
@@ -46,7 +46,7 @@ def write_atomically(directory: str | os.PathLike[str], name: str, text: str) ->
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fchmod(f.fileno(), 0o644)  # mkstemp creates 0600; runtimes may read as another user
+            os.fchmod(f.fileno(), mode)  # mkstemp creates 0600; runtimes may read as another user
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any, Union
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -32,9 +32,7 @@ _DOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-
 # Semantic Versioning 2.0.0, as the API server checks a version attribute.
 _NUM = r"(0|[1-9][0-9]*)"
 _PRE = r"(0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
-_SEMVER = re.compile(
-    rf"{_NUM}\.{_NUM}\.{_NUM}(-{_PRE}(\.{_PRE})*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?"
-)
+_SEMVER = re.compile(rf"{_NUM}\.{_NUM}\.{_NUM}(-{_PRE}(\.{_PRE})*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?")
 # A Kubernetes quantity: a decimal number with an optional binary, decimal or exponent suffix.
 _QUANTITY = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?")
 
@@ -59,20 +57,22 @@ class Version(_Frozen):
     value: str
 
     def __init__(self, value: str, /) -> None:
-        super().__init__(value=value)
+        super().__init__(**{"value": value})
 
     @field_validator("value")
     @classmethod
     def _semver(cls, value: str) -> str:
         if len(value) > 64 or not _SEMVER.fullmatch(value):
-            raise ValueError(f"{value!r} is not a semantic version (MAJOR.MINOR.PATCH, at most 64 characters)")
+            raise ValueError(
+                f"{value!r} is not a semantic version (MAJOR.MINOR.PATCH, at most 64 characters)"
+            )
         return value
 
     def __str__(self) -> str:
         return self.value
 
 
-AttributeValue = Union[bool, int, str, Version]
+AttributeValue = bool | int | str | Version
 """A DRA device attribute: a boolean, an integer, a string (at most 64 characters) or a
 :class:`Version`. Written in CEL as ``device.attributes["<driver>"].<name>``."""
 
@@ -150,7 +150,9 @@ class Device(_Frozen):
             check_attribute_name(str(name))
             text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
             if not isinstance(text, str) or not _QUANTITY.fullmatch(text):
-                raise ValueError(f"capacity {name}: {value!r} is not a Kubernetes quantity (e.g. 40Gi, 8, 500m)")
+                raise ValueError(
+                    f"capacity {name}: {value!r} is not a Kubernetes quantity (e.g. 40Gi, 8, 500m)"
+                )
             out[name] = text
         return out
 
@@ -159,6 +161,17 @@ class Device(_Frozen):
         if len(self.attributes) + len(self.capacity) > MAX_ATTRIBUTES:
             raise ValueError(f"a device has at most {MAX_ATTRIBUTES} attributes and capacities together")
         return self
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.id,
+                self.health,
+                self.numa_nodes,
+                tuple(self.attributes.items()),
+                tuple(self.capacity.items()),
+            )
+        )
 
     @property
     def healthy(self) -> bool:

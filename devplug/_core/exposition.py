@@ -20,7 +20,7 @@ from devplug.metrics import event_counters
 from devplug.models import Health
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
     from prometheus_client.metrics_core import Metric
 
@@ -129,10 +129,12 @@ class RunnerCollector(Collector):
         yield from (registered, registrations, devices, age, sent, streams, transitions)
 
 
-def registry_for(runner: Observed) -> CollectorRegistry:
-    """A registry of the runner's metrics and the usual process ones."""
+def registry_for(runner: Observed, collectors: Sequence[Collector] = ()) -> CollectorRegistry:
+    """A registry of the runner's metrics, ``collectors`` and the usual process ones."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunnerCollector(runner))
+    for collector in collectors:
+        registry.register(collector)
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)

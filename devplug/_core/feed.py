@@ -51,7 +51,7 @@ async def feed_devices(
 def checked(devices: object, log: Any) -> tuple[Device, ...] | None:
     """``devices`` as a tuple of Device, or None (logged) when it is not a sequence of them."""
     try:
-        items: tuple[object, ...] = tuple(devices)  # type: ignore[call-overload]
+        items: tuple[object, ...] = tuple(devices)  # type: ignore[arg-type]
         valid = tuple(d for d in items if isinstance(d, Device))
         if len(valid) != len(items):
             raise TypeError("watch_devices must yield sequences of devplug.Device")

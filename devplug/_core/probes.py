@@ -18,9 +18,10 @@ from anyio.abc import SocketAttribute
 from devplug.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from anyio.abc import Listener, SocketStream
+    from prometheus_client.registry import Collector
 
     from devplug._core.introspect import Observed
 
@@ -54,12 +55,13 @@ def parse_address(address: str) -> tuple[str, int]:
 class ProbeServer:
     """Serves /metrics, /healthz, /readyz and /debug/state for one runner."""
 
-    def __init__(self, runner: Observed, address: str) -> None:
+    def __init__(self, runner: Observed, address: str, collectors: Sequence[Collector] = ()) -> None:
+        """``collectors``: more prometheus-client collectors for ``/metrics`` (a DRA driver's)."""
         from devplug._core.exposition import registry_for
 
         self._runner = runner
         self._host, self._port = parse_address(address)
-        self._registry = registry_for(runner)
+        self._registry = registry_for(runner, collectors)
         self.port: int | None = None
         """The port bound (useful with port 0)."""
         self._listener: Listener[SocketStream] | None = None

@@ -36,12 +36,12 @@ from devplug._core.sockets import SocketServer, SocketUnavailableError, file_ide
 from devplug._core.state import DeviceState
 from devplug._core.telemetry import ResourceCounters
 from devplug.errors import RegistrationError
-from devplug.models import Device
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
 
     from devplug._core.watch import DirWatcher
+    from devplug.models import Device
     from devplug.plugin import DevicePlugin
     from devplug.settings import Settings
 

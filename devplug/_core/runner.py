@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import signal
-import sys
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -17,6 +15,7 @@ import structlog
 from devplug._core.backoff import Backoff
 from devplug._core.introspect import not_ready_reason, resource_state
 from devplug._core.resource import ResourceRunner, ResourceStatus, RestartReason
+from devplug._core.signals import handle_signals as handle_signals_of
 from devplug._core.sockets import directory_exposure, make_directories
 from devplug._core.telemetry import ResourceCounters
 from devplug._core.watch import DirWatcher
@@ -24,7 +23,7 @@ from devplug.errors import ConfigError
 from devplug.logging import configure as configure_logging
 from devplug.metrics import require_prometheus
 from devplug.plugin import DevicePlugin
-from devplug.settings import Settings, load_settings
+from devplug.settings import Settings
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup, TaskStatus
@@ -209,7 +208,7 @@ class Runner:
             async with anyio.create_task_group() as tg:
                 self._tg, self._watcher = tg, watcher
                 if handle_signals:
-                    tg.start_soon(self._handle_signals, tg)
+                    tg.start_soon(partial(handle_signals_of, tg, reload=self.reload, dump=self.debug_state))
                 if self.probes is not None:
                     tg.start_soon(self.probes.serve)
                 await tg.start(watcher.run)
@@ -334,21 +333,6 @@ class Runner:
         finally:
             done.set()
 
-    async def _handle_signals(self, tg: TaskGroup) -> None:
-        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
-        with anyio.open_signal_receiver(*signals) as received:
-            async for signum in received:
-                name = signal.Signals(signum).name
-                if signum == signal.SIGHUP:
-                    log.info("signal_received", signal=name, action="reload")
-                    tg.start_soon(self.reload)
-                elif signum == signal.SIGUSR1:
-                    log.info("debug_state", **self.debug_state())
-                else:
-                    log.info("signal_received", signal=name)
-                    tg.cancel_scope.cancel()
-                    return
-
 
 def _check_directories(settings: Settings) -> None:
     """Create the kubelet directories this process watches, then judge who may write to them.
@@ -404,70 +388,3 @@ async def serve(
     ``readiness`` and ``reload`` are :class:`Runner`'s.
     """
     await Runner(plugins, settings, readiness=readiness, reload=reload).run(handle_signals=handle_signals)
-
-
-def run(
-    plugins: Plugins | Callable[[S], Plugins],
-    settings: S | None = None,
-    *,
-    settings_cls: type[S] = Settings,  # type: ignore[assignment]
-    argv: list[str] | None = None,
-    prog: str | None = None,
-) -> int:
-    """Blocking entry point for a plugin's ``main``: serve until SIGTERM / SIGINT, return 0.
-
-    Without ``settings``, the standard runner options are read from ``argv`` (default
-    ``sys.argv[1:]``), ``DEVPLUG_*`` and ``--config`` into ``settings_cls``, and logging is
-    configured from them; an invalid option prints one line and raises ``SystemExit(2)``.
-    SIGHUP then reads them again: when they changed, ``plugins`` (a factory) is called with the
-    new settings, and the resources whose plugin object is new are restarted (a factory that
-    returns the same object for an unchanged resource keeps it serving).
-    ``plugins`` may be a factory taking the settings (a subclass of :class:`Settings` carries a
-    backend's own options).
-    """
-    name = prog or "devplug"
-    reload: Reload | None = None
-    if settings is None:
-        try:
-            settings = load_settings(settings_cls, argv, prog=prog)
-        except ConfigError as exc:
-            print(f"{name}: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
-        configure_logging(settings.log_format, settings.log_level)
-        reload = _reloader(plugins, settings, settings_cls, argv, prog)
-    resolved = _resolve(plugins, settings)
-    if isinstance(resolved, PluginSource):
-        reload = None
-    try:
-        anyio.run(partial(serve, resolved, settings, reload=reload), backend="asyncio")
-    except ConfigError as exc:
-        print(f"{name}: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    return 0
-
-
-def _resolve(plugins: Plugins | Callable[[S], Plugins], settings: S) -> Plugins:
-    return plugins(settings) if callable(plugins) and not isinstance(plugins, DevicePlugin) else plugins
-
-
-def _reloader(
-    plugins: Plugins | Callable[[S], Plugins],
-    settings: S,
-    settings_cls: type[S],
-    argv: list[str] | None,
-    prog: str | None,
-) -> Reload:
-    """Re-read the options the way :func:`run` read them at start."""
-    last: list[Any] = [settings, None]
-
-    def reload() -> tuple[Settings, DevicePlugin | Iterable[DevicePlugin]]:
-        new = load_settings(settings_cls, argv, prog=prog)
-        if new == last[0] and last[1] is not None:
-            return new, last[1]  # nothing changed: the same objects, nothing restarts
-        resolved = _resolve(plugins, new)
-        if isinstance(resolved, PluginSource):
-            raise ConfigError("the reloaded configuration yields a plugin source; restart the process")
-        last[:] = [new, _as_list(resolved)]
-        return new, last[1]
-
-    return reload

@@ -9,13 +9,12 @@ prepares and unprepares fail with the reason until an operator moves it away.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from devplug._cdi_files import write_atomically
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -95,37 +94,10 @@ class Checkpoint:
             "node": self.node,
             "claims": {uid: asdict(claim) for uid, claim in sorted(self.claims.items())},
         }
-        data = json.dumps({**body, "checksum": _checksum(body)}, indent=1, sort_keys=True).encode()
-        atomic_write(self.path, data, 0o600)
+        text = json.dumps({**body, "checksum": _checksum(body)}, indent=1, sort_keys=True)
+        write_atomically(self.path.parent, self.path.name, text, mode=0o600)
 
 
 def _checksum(body: dict[str, Any]) -> str:
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     return "sha256:" + hashlib.sha256(canonical).hexdigest()
-
-
-def atomic_write(path: Path, data: bytes, mode: int) -> None:
-    """Replace ``path`` with ``data`` so that a reader sees the old or the new content, never a mix.
-
-    Raises:
-        OSError: the file could not be written (the old one, if any, stays).
-    """
-    folder = path.parent
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from devplug._dra.checkpoint import PreparedClaim, atomic_write
+from devplug._cdi_files import write_atomically
+from devplug._dra.checkpoint import PreparedClaim
 from devplug._dra.names import cdi_device, cdi_kind, claim_spec_file
 from devplug.dra.models import AllocatedDevice, Claim, OpaqueConfig, PreparedDevice
 
@@ -52,10 +53,6 @@ class ClaimRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
-
-
-FetchClaim = "Callable[[str, str], Awaitable[dict[str, Any]]]"
-"""Reads a ResourceClaim (namespace, name); raises ClaimError with the reason it could not."""
 
 
 @dataclass
@@ -164,7 +161,9 @@ class Preparer:
                 plugin = plugins[key]
                 prepared = None
                 if plugin.prepares_claims():
-                    prepared = await plugin.prepare_claim(full, group, [c for c in configs if _covers(c, group)])
+                    prepared = await plugin.prepare_claim(
+                        full, group, [c for c in configs if _covers(c, group)]
+                    )
                 if prepared is None:
                     prepared = await self._default(plugin, ref, group, edits)
                 record.devices.extend(_answer(self.node, group, prepared))
@@ -203,10 +202,14 @@ class Preparer:
                 continue  # another driver's device: that driver prepares it
             pool, name = result.get("pool"), result.get("device", "")
             if pool != self.node:
-                raise ClaimError(f"claim {ref}: device {name} is in pool {pool!r}, not this node's pool {self.node!r}")
+                raise ClaimError(
+                    f"claim {ref}: device {name} is in pool {pool!r}, not this node's pool {self.node!r}"
+                )
             entry = snapshot.by_name.get(name)
             if entry is None:
-                raise ClaimError(f"claim {ref}: device {name} is not one of driver {self.driver}'s devices on {self.node}")
+                raise ClaimError(
+                    f"claim {ref}: device {name} is not one of driver {self.driver}'s devices on {self.node}"
+                )
             admin = bool(result.get("adminAccess"))
             owner = taken.get(name)
             if owner is not None and not admin:
@@ -262,21 +265,29 @@ class Preparer:
             edits[name] = allocation
             ids = (f"{kind}={name}", *allocation.cdi_devices)
             for i, device in enumerate(members):
-                answer.append(PreparedDevice(name=device.name, requests=(request,), cdi_device_ids=ids if i == 0 else ()))
+                answer.append(
+                    PreparedDevice(
+                        name=device.name, requests=(request,), cdi_device_ids=ids if i == 0 else ()
+                    )
+                )
         return answer
 
     async def _restore_spec(self, record: PreparedClaim) -> None:
         if record.spec_file and not (self.cdi_dir / record.spec_file).exists():
             await anyio.to_thread.run_sync(self._write_spec, record)
-            self._log.info("cdi_spec_restored", claim=f"{record.namespace}/{record.name}", file=record.spec_file)
+            self._log.info(
+                "cdi_spec_restored", claim=f"{record.namespace}/{record.name}", file=record.spec_file
+            )
 
     def _write_spec(self, record: PreparedClaim) -> None:
-        assert record.spec_file is not None and record.spec_text is not None
-        self.cdi_dir.mkdir(parents=True, exist_ok=True)
+        assert record.spec_file is not None
+        assert record.spec_text is not None
         try:
-            atomic_write(self.cdi_dir / record.spec_file, record.spec_text.encode(), 0o644)
+            write_atomically(self.cdi_dir, record.spec_file, record.spec_text)
         except OSError as exc:
-            raise ClaimError(f"cannot write the CDI spec {self.cdi_dir / record.spec_file}: {exc.strerror}") from None
+            raise ClaimError(
+                f"cannot write the CDI spec {self.cdi_dir / record.spec_file}: {exc.strerror}"
+            ) from None
 
     # -- unprepare ------------------------------------------------------------------------------
 
@@ -375,7 +386,9 @@ def _covers(config: OpaqueConfig, devices: list[AllocatedDevice]) -> bool:
     return any(config.applies_to(d.request) for d in devices)
 
 
-def _answer(node: str, devices: list[AllocatedDevice], prepared: Sequence[PreparedDevice]) -> list[dict[str, Any]]:
+def _answer(
+    node: str, devices: list[AllocatedDevice], prepared: Sequence[PreparedDevice]
+) -> list[dict[str, Any]]:
     """The kubelet's Device entries for what a plugin prepared (checked against what was asked)."""
     asked = {d.name: d for d in devices}
     out = []
@@ -422,5 +435,7 @@ def _claim_spec(driver: str, uid: str, edits: dict[str, ContainerAllocation]) ->
                 for m in allocation.mounts
             ),
         )
-        devices.append(CdiDevice(name=name, annotations=dict(allocation.annotations), container_edits=container_edits))
+        devices.append(
+            CdiDevice(name=name, annotations=dict(allocation.annotations), container_edits=container_edits)
+        )
     return CdiSpec(kind=cdi_kind(driver), devices=tuple(devices))

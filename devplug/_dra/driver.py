@@ -20,7 +20,7 @@ import contextlib
 import hashlib
 import os
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -47,6 +47,7 @@ from devplug._dra.servicer import (
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
 from devplug.errors import ConfigError
+from devplug.metrics import require_prometheus
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
+    from devplug._core.probes import ProbeServer
     from devplug._dra.kube import Kube
     from devplug.models import Device
     from devplug.plugin import DevicePlugin
@@ -70,7 +72,9 @@ class DraDriver:
             kubeconfig, or a directory that cannot be created.
     """
 
-    def __init__(self, plugins: Sequence[DevicePlugin], settings: Settings, *, kube: Kube | None = None) -> None:
+    def __init__(
+        self, plugins: Sequence[DevicePlugin], settings: Settings, *, kube: Kube | None = None
+    ) -> None:
         if not plugins:
             raise ConfigError("a DRA driver needs at least one plugin")
         if not settings.node_name:
@@ -95,6 +99,7 @@ class DraDriver:
         self._log = log.bind(driver=self.driver, node=self.node)
         self.publisher: SlicePublisher | None = None
         self._started = anyio.Event()
+        self._reloads: Counter[str] = Counter()
 
     # -- state for probes and dumps -------------------------------------------------------------
 
@@ -107,7 +112,9 @@ class DraDriver:
         if self.checkpoint.error:
             reasons.append(self.checkpoint.error)
         if not self.registered:
-            reasons.append(f"not registered: {self.registration_error}" if self.registration_error else "not registered")
+            reasons.append(
+                f"not registered: {self.registration_error}" if self.registration_error else "not registered"
+            )
         why = self.publisher.not_ready_reason() if self.publisher else "slices not published yet"
         if why:
             reasons.append(why)
@@ -115,6 +122,52 @@ class DraDriver:
 
     async def wait_started(self) -> None:
         await self._started.wait()
+
+    @property
+    def counters(self) -> dict[str, Any]:
+        return {}  # the device-plugin API's per-resource counters: none here
+
+    @property
+    def reloads(self) -> Counter[str]:
+        return self._reloads
+
+    @property
+    def resources(self) -> dict[str, Any]:
+        return {}
+
+    def devices(self, resource: str) -> list[Device]:
+        """The devices of ``resource`` this driver publishes now."""
+        return [e.device for e in self.inventory.current.entries if e.resource == resource]
+
+    def debug_state(self) -> dict[str, Any]:
+        """What ``/debug/state`` and SIGUSR1 show: readiness, the slices, the prepared claims."""
+        ready, reasons = self.readiness()
+        publisher = self.publisher
+        return {
+            "ready": ready,
+            "not_ready": reasons,
+            "api": "dra",
+            "driver": self.driver,
+            "node": self.node,
+            "dra_socket": str(self.dra_socket),
+            "registration_socket": str(self.registration_socket),
+            "registered": self.registered,
+            "devices": [
+                {"name": e.name, "id": e.device.id, "resource": e.resource, "health": e.device.health.value}
+                for e in self.inventory.current.entries
+            ],
+            "slices": {
+                "in_sync": publisher.in_sync if publisher else False,
+                "count": publisher.slices if publisher else 0,
+                "taints_supported": publisher.taints_supported if publisher else None,
+                "last_error": publisher.last_error if publisher else None,
+            },
+            "prepared_claims": sorted(
+                f"{c.namespace}/{c.name} ({uid})" for uid, c in self.checkpoint.claims.items()
+            ),
+            "checkpoint_error": self.checkpoint.error,
+            "events": list(self.history),
+        }
 
     # -- running --------------------------------------------------------------------------------
 
@@ -138,13 +191,16 @@ class DraDriver:
             inventory=self.inventory,
             checkpoint=self.checkpoint,
             cdi_dir=self.settings.cdi_dir,
-            fetch_claim=_claim_reader(kube),
+            fetch_claim=_claim_reader(kube, self.publisher.errors),
             log=self._log,
             lock_file=self.data_dir / "serialize.lock" if self.settings.pod_uid else None,
         )
         watcher = DirWatcher(self.data_dir, self.settings.plugins_registry_dir)
+        probes = await self._probes()
         try:
             async with anyio.create_task_group() as tg:
+                if probes is not None:
+                    tg.start_soon(probes.serve)
                 await tg.start(watcher.run)
                 for index, plugin in enumerate(self.plugins):
                     tg.start_soon(self._feed, index, plugin)
@@ -157,9 +213,24 @@ class DraDriver:
                     await self.inventory.newer_than(self.inventory.current.version)
                 await self._serve(tg, watcher, preparer)
         finally:
-            if self._kube is None:
-                with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                    await kube.aclose()
+            with anyio.CancelScope(shield=True):
+                if probes is not None:
+                    await probes.aclose()
+                if self._kube is None:
+                    with contextlib.suppress(Exception):
+                        await kube.aclose()
+
+    async def _probes(self) -> ProbeServer | None:
+        address = self.settings.metrics_address
+        if not address:
+            return None
+        require_prometheus()
+        from devplug._core.probes import ProbeServer
+        from devplug._dra.metrics import DraCollector
+
+        probes = ProbeServer(self, address, [DraCollector(self)])
+        await probes.bind()
+        return probes
 
     async def _feed(self, index: int, plugin: DevicePlugin) -> None:
         plog = self._log.bind(resource=plugin.resource_name)
@@ -198,7 +269,9 @@ class DraDriver:
     async def _sockets(self, preparer: Preparer) -> AsyncIterator[tuple[SocketServer, SocketServer]]:
         dra = SocketServer(
             self.dra_socket,
-            lambda s: add_dra_services(s, preparer, self.inventory, self.node, self.stats, self._log),
+            lambda s: add_dra_services(
+                s, preparer, self.inventory, node=self.node, stats=self.stats, log=self._log
+            ),
             check=lambda p: self_dial(str(p)),
         )
         service = RegistrationService(self.driver, str(self.dra_socket.absolute()), self._notified)
@@ -209,7 +282,9 @@ class DraDriver:
         try:
             await dra.start()  # the endpoint answers before the kubelet can learn of it
             await registration.start()
-            self._log.info("serving", dra_socket=str(self.dra_socket), registration_socket=str(self.registration_socket))
+            self._log.info(
+                "serving", dra_socket=str(self.dra_socket), registration_socket=str(self.registration_socket)
+            )
             yield dra, registration
         finally:
             self.registered = False
@@ -245,11 +320,19 @@ async def _get_info(path: Path) -> None:
         await stub.GetInfo(reg_pb.InfoRequest(), timeout=2.0)
 
 
-def _claim_reader(kube: Kube) -> Any:
+def _claim_reader(kube: Kube, errors: Counter[str]) -> Any:
     async def read(namespace: str, name: str) -> dict[str, Any]:
         try:
             return await kube.claim(namespace, name)
         except KubeError as exc:
+            errors[exc.status_label] += 1
+            log.warning(
+                "api_error",
+                verb="get",
+                object=f"resourceclaims/{namespace}/{name}",
+                status=exc.status_label,
+                error=str(exc),
+            )
             if exc.status == 404:
                 raise ClaimError(f"claim {namespace}/{name} not found") from None
             raise ClaimError(f"claim {namespace}/{name} cannot be read: {exc.status_label} {exc}") from None

@@ -73,7 +73,7 @@ class Inventory:
         if not self.parts[index].publish(devices):
             return False
         entries: list[Entry] = []
-        for plugin, prefix, part in zip(self.plugins, self._prefixes, self.parts):
+        for plugin, prefix, part in zip(self.plugins, self._prefixes, self.parts, strict=True):
             entries.extend(Entry(device_name(d.id, prefix), d, plugin) for d in part.current.devices)
         by_name = {e.name: e for e in entries}
         complete = all(p.current.version > 0 for p in self.parts)

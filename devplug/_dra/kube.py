@@ -48,7 +48,11 @@ def load_client(kubeconfig: Path | None) -> Kube:
         else:
             config = lightkube.KubeConfig.from_env()
     except (OSError, LightkubeConfigError, ValueError, KeyError) as exc:
-        where = f"kubeconfig {kubeconfig}" if kubeconfig is not None else "no in-cluster service account and no kubeconfig"
+        where = (
+            f"kubeconfig {kubeconfig}"
+            if kubeconfig is not None
+            else "no in-cluster service account and no kubeconfig"
+        )
         detail = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         raise ConfigError(f"{where}: {detail} (pass --kubeconfig FILE)") from None
     return Kube(lightkube.AsyncClient(config, field_manager="devplug"))
@@ -131,7 +135,9 @@ class _errors:
     async def __aenter__(self) -> None:
         return None
 
-    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
         if exc is None or not isinstance(exc, Exception) or isinstance(exc, KubeError):
             return
         import httpx2

@@ -37,7 +37,12 @@ if TYPE_CHECKING:
     from devplug._dra.claims import Outcome, Preparer
     from devplug._dra.inventory import Inventory, Snapshot
 
-SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth", "v1.DRAResourceHealth")
+SUPPORTED_SERVICES = (
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1alpha1.DRAResourceHealth",
+    "v1.DRAResourceHealth",
+)
 """What GetInfo advertises, in this order: kubelets >= 1.34 use the first DRAPlugin they know, so
 v1 comes first; 1.37 prefers v1 health and 1.34-1.36 open v1alpha1."""
 HEALTH_RESEND = 10.0
@@ -164,18 +169,22 @@ class RegistrationService(reg_pb_grpc.RegistrationServicer):  # type: ignore[mis
     async def GetInfo(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         return self._info  # the kubelet waits one second for this
 
-    async def NotifyRegistrationStatus(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def NotifyRegistrationStatus(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
         self._on_status(request.plugin_registered, request.error)
         return reg_pb.RegistrationStatusResponse()
 
 
 def add_dra_services(
-    server: grpc.aio.Server, preparer: Preparer, inventory: Inventory, node: str, stats: DraStats, log: Any
+    server: grpc.aio.Server, preparer: Preparer, inventory: Inventory, *, node: str, stats: DraStats, log: Any
 ) -> None:
     """Both DRAPlugin versions and both health versions, on the DRA endpoint."""
     v1_grpc.add_DRAPluginServicer_to_server(DraPluginService(preparer, v1, stats, log), server)
     v1beta1_grpc.add_DRAPluginServicer_to_server(DraPluginService(preparer, v1beta1, stats, log), server)
-    health_v1_grpc.add_DRAResourceHealthServicer_to_server(HealthService(inventory, node, health_v1, stats), server)
+    health_v1_grpc.add_DRAResourceHealthServicer_to_server(
+        HealthService(inventory, node, health_v1, stats), server
+    )
     health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
         HealthService(inventory, node, health_v1alpha1, stats), server
     )
@@ -185,8 +194,8 @@ def add_registration_service(server: grpc.aio.Server, service: RegistrationServi
     reg_pb_grpc.add_RegistrationServicer_to_server(service, server)
 
 
-async def self_dial(path: str, timeout: float = 2.0) -> None:
+async def self_dial(path: str) -> None:
     """Call NodePrepareResources with no claims on ``path``, as a liveness check does."""
     async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
         stub: Any = v1_grpc.DRAPluginStub(channel)
-        await stub.NodePrepareResources(v1.NodePrepareResourcesRequest(), timeout=timeout)
+        await stub.NodePrepareResources(v1.NodePrepareResourcesRequest(), timeout=2.0)

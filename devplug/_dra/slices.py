@@ -1,6 +1,6 @@
 """Devices → ResourceSlices, and the writes that bring the API server's slices to them.
 
-Pure: dicts in the resource.k8s.io/v1 JSON shape, no client, no I/O. The rules (dra.md §5–6):
+Pure: dicts in the resource.k8s.io/v1 JSON shape, no client, no I/O. The rules (dra.md §5-6):
 
 * one pool per node, named after the node, with ``nodeName`` set and the Node as controlling
   owner (garbage-collected with it);
@@ -108,7 +108,9 @@ class Pool:
     node: str
     node_uid: str
 
-    def slice_object(self, index: int, generation: int, count: int, devices: list[dict[str, Any]]) -> dict[str, Any]:
+    def slice_object(
+        self, index: int, generation: int, count: int, devices: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         """A new slice (named by the server from its index)."""
         return {
             "apiVersion": API_VERSION,
@@ -154,10 +156,13 @@ def comparable(spec: dict[str, Any]) -> dict[str, Any]:
     """A slice spec without what the API server fills in by itself (a taint's ``timeAdded``)."""
     devices = []
     for device in spec.get("devices") or ():
-        if device.get("taints"):
-            taints = [{k: v for k, v in t.items() if k != "timeAdded"} for t in device["taints"]]
-            device = {**device, "taints": taints}
-        devices.append(device)
+        taints = device.get("taints")
+        if taints:
+            devices.append(
+                {**device, "taints": [{k: v for k, v in t.items() if k != "timeAdded"} for t in taints]}
+            )
+        else:
+            devices.append(device)
     return {**spec, "devices": devices}
 
 
@@ -171,9 +176,7 @@ def plan(
     """
     ours: dict[int, dict[str, Any]] = {}
     obsolete: list[dict[str, Any]] = []
-    current = max(
-        [s["spec"]["pool"].get("generation", 0) for s in existing if _pool(s) == pool.node] or [0]
-    )
+    current = max([s["spec"]["pool"].get("generation", 0) for s in existing if _pool(s) == pool.node] or [0])
     for item in sorted(existing, key=lambda s: s["metadata"].get("creationTimestamp", "")):
         index = index_of(item["metadata"]["name"], pool.driver, pool.node)
         spec = item["spec"]
@@ -208,4 +211,3 @@ def plan(
 
 def _pool(item: dict[str, Any]) -> str:
     return str(item["spec"].get("pool", {}).get("name", ""))
-

@@ -14,7 +14,7 @@ import importlib
 import sys
 from typing import NoReturn
 
-from devplug._core.runner import run
+from devplug._main import run
 from devplug.cli import _conformance, _inspect
 from devplug.plugin import DevicePlugin
 from devplug.settings import _OneLineParser

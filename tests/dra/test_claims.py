@@ -1,0 +1,314 @@
+"""Prepare and unprepare, claim by claim, against the checkpoint and the CDI directory."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import structlog
+
+from devplug import ContainerAllocation, Device, DeviceSpec, Mount
+from devplug._dra.checkpoint import FILE_NAME, Checkpoint
+from devplug._dra.claims import ClaimError, ClaimRef, Preparer
+from devplug._dra.inventory import Inventory
+from devplug.dra import AllocatedDevice, Claim, OpaqueConfig, PreparedDevice
+from tests.support import Widgets
+
+pytestmark = pytest.mark.anyio
+
+DRIVER = "widget.example.com"
+NODE = "node-1"
+
+
+def claim(
+    uid: str, devices: list[tuple[str, str]], *, config: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    return {
+        "metadata": {"uid": uid, "namespace": "ns", "name": f"c-{uid}"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": req, "driver": DRIVER, "pool": NODE, "device": dev}
+                        for req, dev in devices
+                    ],
+                    "config": config or [],
+                }
+            }
+        },
+    }
+
+
+class World:
+    def __init__(self, root: Path, plugin: Widgets | None = None) -> None:
+        self.plugin = plugin or Widgets()
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.inventory = Inventory([self.plugin])
+        self.inventory.update(0, self.plugin.devices)
+        self.cdi = root / "cdi"
+        self.checkpoint = Checkpoint(root / FILE_NAME, DRIVER, NODE)
+        self.preparer = self.make()
+
+    def make(self) -> Preparer:
+        return Preparer(
+            driver=DRIVER,
+            node=NODE,
+            inventory=self.inventory,
+            checkpoint=self.checkpoint,
+            cdi_dir=self.cdi,
+            fetch_claim=self.fetch,
+            log=structlog.get_logger("test"),
+        )
+
+    async def fetch(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return self.claims[(namespace, name)]
+        except KeyError:
+            raise ClaimError(f"claim {namespace}/{name} not found") from None
+
+    def add(self, obj: dict[str, Any]) -> ClaimRef:
+        meta = obj["metadata"]
+        self.claims[(meta["namespace"], meta["name"])] = obj
+        return ClaimRef(meta["uid"], meta["namespace"], meta["name"])
+
+
+async def test_prepare_writes_one_spec_per_claim_and_is_idempotent(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    ref = w.add(claim("u1", [("a", "w0"), ("a", "w1"), ("b", "w2")]))
+    first = (await w.preparer.prepare([ref]))["u1"]
+    assert not first.error
+    assert [(d["device"], d["requests"]) for d in first.devices] == [
+        ("w0", ["a"]),
+        ("w1", ["a"]),
+        ("w2", ["b"]),
+    ]
+    kind = f"k8s.{DRIVER}/claim"
+    assert first.devices[0]["cdiDeviceIds"][0] == f"{kind}=u1-a"
+    assert first.devices[1]["cdiDeviceIds"] == []  # one CDI name per request, on its first device
+    assert first.devices[2]["cdiDeviceIds"][0] == f"{kind}=u1-b"
+    assert "example.com/widget=w2" in first.devices[2]["cdiDeviceIds"]  # the allocation's own CDI names
+    spec_path = w.cdi / f"k8s.{DRIVER}-claim_u1.json"
+    spec = json.loads(spec_path.read_text())
+    assert spec["kind"] == kind
+    by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
+    assert by_name["u1-a"]["env"] == ["WIDGETS=w0,w1"]
+    assert [n["path"] for n in by_name["u1-a"]["deviceNodes"]] == ["/dev/w0", "/dev/w1"]
+    assert w.plugin.allocations == [["w0", "w1"], ["w2"]]
+    again = (await w.preparer.prepare([ref]))["u1"]
+    assert again.devices == first.devices
+    assert w.plugin.allocations == [["w0", "w1"], ["w2"]]  # answered from the checkpoint
+    spec_path.unlink()
+    assert (await w.preparer.prepare([ref]))["u1"].devices == first.devices
+    assert json.loads(spec_path.read_text()) == spec  # rewritten after it went missing
+
+
+async def test_checkpoint_survives_a_restart_and_unprepare_needs_no_api(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    ref = w.add(claim("u1", [("a", "w0")]))
+    await w.preparer.prepare([ref])
+    w.claims.clear()  # the claim is gone from the API server
+    w.checkpoint.load()  # a new process reads the file
+    assert list(w.checkpoint.claims) == ["u1"]
+    result = await w.make().unprepare([ref, ClaimRef("never", "ns", "x")])
+    assert {uid: o.error for uid, o in result.items()} == {"u1": "", "never": ""}
+    assert not list(w.cdi.iterdir())
+    w.checkpoint.load()
+    assert w.checkpoint.claims == {}
+
+
+async def test_per_claim_errors(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    ok = w.add(claim("ok", [("a", "w0")]))
+    replaced = w.add(claim("new-uid", [("a", "w1")]))
+    replaced = ClaimRef("old-uid", replaced.namespace, replaced.name)
+    unallocated = w.add({"metadata": {"uid": "u3", "namespace": "ns", "name": "c-u3"}, "status": {}})
+    unknown = w.add(claim("u4", [("a", "nope")]))
+    taken = w.add(claim("u5", [("a", "w0")]))
+    other_pool = w.add(
+        {
+            **claim("u6", []),
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [{"request": "a", "driver": DRIVER, "pool": "node-2", "device": "w3"}]
+                    }
+                }
+            },
+        }
+    )
+    missing = ClaimRef("u7", "ns", "gone")
+    result = await w.preparer.prepare([ok, replaced, unallocated, unknown, taken, other_pool, missing])
+    errors = {uid: o.error for uid, o in result.items()}
+    assert errors["ok"] == ""
+    assert "got replaced" in errors["old-uid"]
+    assert errors["u3"] == "claim ns/c-u3 is not allocated"
+    assert "device nope is not one of driver widget.example.com's devices" in errors["u4"]
+    assert "device w0 is already prepared for claim ns/c-ok (ok)" in errors["u5"]
+    assert "pool 'node-2'" in errors["u6"]
+    assert errors["u7"] == "claim ns/gone not found"
+    assert set(w.checkpoint.claims) == {"ok"}
+
+
+async def test_duplicate_uids_and_other_drivers(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    mixed = claim("u1", [("a", "w0")])
+    mixed["status"]["allocation"]["devices"]["results"].append(
+        {"request": "a", "driver": "other.example.com", "pool": NODE, "device": "w1"}
+    )
+    ref = w.add(mixed)
+    twin = ClaimRef("u1", "ns", "someone-else")
+    result = await w.preparer.prepare([ref, ref])
+    assert [d["device"] for d in result["u1"].devices] == ["w0"]  # the other driver's device is not ours
+    result = await w.preparer.unprepare([ref, twin])
+    assert "named twice" in result["u1"].error
+
+
+async def test_a_prepare_finishing_after_its_unprepare_is_refused(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    ref = w.add(claim("u1", [("a", "w0")]))
+    release = anyio.Event()
+    fetch = w.fetch
+
+    async def slow_fetch(namespace: str, name: str) -> dict[str, Any]:
+        await release.wait()
+        return await fetch(namespace, name)
+
+    preparer = w.make()
+    preparer._fetch = slow_fetch
+    outcome: dict[str, Any] = {}
+
+    async def prepare() -> None:
+        outcome.update(await preparer.prepare([ref]))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(prepare)
+        await anyio.sleep(0.01)
+        assert (await preparer.unprepare([ref]))["u1"].error == ""
+        release.set()
+    assert "unprepared while this prepare was in progress" in outcome["u1"].error
+    assert not w.checkpoint.claims
+    # A prepare that starts after the unprepare is a new one and goes through.
+    preparer._fetch = fetch
+    assert (await preparer.prepare([ref]))["u1"].error == ""
+
+
+def _other_driver(path: Path) -> None:
+    Checkpoint(path, "x.example.com", NODE).save()  # a valid file, of another driver
+
+
+def _other_node(path: Path) -> None:
+    Checkpoint(path, DRIVER, "node-2").save()
+
+
+def _edited(path: Path) -> None:
+    path.write_text(path.read_text().replace('"w0"', '"w9"'))
+
+
+def _truncated(path: Path) -> None:
+    path.write_text(path.read_text()[:20])
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_edited, "checksum mismatch"),
+        (_truncated, "unusable"),
+        (_other_driver, "belongs to driver 'x.example.com'"),
+        (_other_node, "on node 'node-2'"),
+    ],
+)
+async def test_an_unusable_checkpoint_fails_closed(tmp_path: Path, damage: Any, message: str) -> None:
+    w = World(tmp_path)
+    await w.preparer.prepare([w.add(claim("u1", [("a", "w0")]))])
+    path = tmp_path / FILE_NAME
+    damage(path)
+    damaged = path.read_bytes()
+    w.checkpoint.load()
+    assert w.checkpoint.error is not None
+    assert message in w.checkpoint.error
+    result = await w.preparer.prepare([w.add(claim("u2", [("a", "w1")]))])
+    assert message in result["u2"].error
+    result = await w.preparer.unprepare([ClaimRef("u1", "ns", "c-u1")])
+    assert message in result["u1"].error
+    assert path.read_bytes() == damaged  # never reset
+
+
+class Hooked(Widgets):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[Claim, list[str], list[OpaqueConfig]]] = []
+        self.unprepared: list[str] = []
+
+    async def prepare_claim(
+        self, claim: Claim, devices: Sequence[AllocatedDevice], config: Sequence[OpaqueConfig]
+    ) -> Sequence[PreparedDevice] | None:
+        self.seen.append((claim, [d.name for d in devices], list(config)))
+        if claim.name == "c-default":
+            return None
+        return [
+            PreparedDevice(name=d.name, cdi_device_ids=(f"example.com/widget={d.name}",)) for d in devices
+        ]
+
+    async def unprepare_claim(self, claim: Claim) -> None:
+        self.unprepared.append(claim.uid)
+
+
+async def test_prepare_claim_hook_and_configs(tmp_path: Path) -> None:
+    plugin = Hooked()
+    w = World(tmp_path, plugin)
+    config = [
+        {"source": "FromClaim", "requests": ["a"], "opaque": {"driver": DRIVER, "parameters": {"n": 2}}},
+        {"source": "FromClass", "requests": [], "opaque": {"driver": DRIVER, "parameters": {"n": 1}}},
+        {"source": "FromClass", "requests": [], "opaque": {"driver": "other.example.com", "parameters": {}}},
+        {"source": "FromClaim", "requests": ["b"], "opaque": {"driver": DRIVER, "parameters": {"n": 3}}},
+    ]
+    ref = w.add(claim("u1", [("a/small", "w0")], config=config))
+    result = (await w.preparer.prepare([ref]))["u1"]
+    assert result.devices[0]["cdiDeviceIds"] == ["example.com/widget=w0"]
+    assert result.devices[0]["requests"] == ["a"]
+    seen_claim, names, configs = plugin.seen[0]
+    assert seen_claim.resource_claim is not None
+    assert names == ["w0"]
+    assert [c.parameters["n"] for c in configs] == [1, 2]  # class first; b's config is not for a
+    assert not (w.cdi.exists() and list(w.cdi.iterdir()))  # the hook wrote no spec: none by devplug
+    default = w.add(
+        {**claim("u2", [("a", "w1")]), "metadata": {"uid": "u2", "namespace": "ns", "name": "c-default"}}
+    )
+    assert (await w.preparer.prepare([default]))["u2"].devices[0]["cdiDeviceIds"][0].endswith("=u2-a")
+    await w.preparer.unprepare([ref])
+    assert plugin.unprepared == ["u1"]
+
+
+async def test_a_failing_allocate_is_the_claim_s_error_and_leaves_nothing(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.plugin.fail_allocate = "no widgets today"
+    result = await w.preparer.prepare([w.add(claim("u1", [("a", "w0")]))])
+    assert "no widgets today" in result["u1"].error
+    assert not w.checkpoint.claims
+    assert not w.cdi.exists() or not list(w.cdi.iterdir())
+
+
+def test_mounts_and_specs_in_the_cdi_spec() -> None:
+    from devplug._dra.claims import _claim_spec
+
+    spec = _claim_spec(
+        DRIVER,
+        "u1",
+        {
+            "u1-a": ContainerAllocation(
+                mounts=(Mount(host_path="/h", container_path="/c", read_only=True),),
+                devices=(DeviceSpec.rw("/dev/x"),),
+                annotations={"k": "v"},
+            )
+        },
+    ).to_dict()
+    device = spec["devices"][0]  # type: ignore[index]
+    assert device["containerEdits"]["mounts"] == [
+        {"hostPath": "/h", "containerPath": "/c", "options": ["ro", "nosuid", "nodev", "bind"]}
+    ]
+    assert device["annotations"] == {"k": "v"}
+    assert Device(id="x").healthy
