@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
@@ -20,13 +20,25 @@ if TYPE_CHECKING:
 
     from prometheus_client.metrics_core import Metric
 
-    from devplug._dra.driver import DraDriver
+    from devplug._dra.inventory import Inventory
+    from devplug._dra.publisher import SlicePublisher
+    from devplug._dra.servicer import DraStats
+
+
+class Driver(Protocol):
+    """What the metrics read from a driver."""
+
+    driver: str
+    stats: DraStats
+    inventory: Inventory
+    publisher: SlicePublisher | None
+    registered: bool
 
 
 class DraCollector(Collector):
     """devplug_dra_* metrics of one driver."""
 
-    def __init__(self, driver: DraDriver) -> None:
+    def __init__(self, driver: Driver) -> None:
         self._driver = driver
 
     def collect(self) -> Iterator[Metric]:
