@@ -70,6 +70,8 @@ LAYOUTS = {
     "overlays/plugin-watcher": Layout(DEFAULT_KUBELET_ROOT, "watcher"),
 }
 OTHER_KUSTOMIZATIONS = ("runtimeclass",)
+DRA_KUSTOMIZATIONS = ("dra", "dra/example")
+"""Checked in test_manifests_dra.py: resource.k8s.io/v1 objects, which need Kubernetes 1.34."""
 
 
 def _project() -> dict[str, Any]:
@@ -103,7 +105,7 @@ def _container(pod: dict[str, Any]) -> dict[str, Any]:
 
 def test_every_kustomization_is_checked() -> None:
     found = {str(p.parent.relative_to(DEPLOY)) for p in DEPLOY.rglob(KUSTOMIZATION)}
-    assert found == set(LAYOUTS) | set(OTHER_KUSTOMIZATIONS)
+    assert found == set(LAYOUTS) | set(OTHER_KUSTOMIZATIONS) | set(DRA_KUSTOMIZATIONS)
 
 
 def test_default_kubelet_root_is_the_settings_default() -> None:
