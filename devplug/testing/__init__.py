@@ -12,6 +12,8 @@ Apart from :func:`serving`, this package talks to plugins only over gRPC: it doe
 devplug's runtime, so it tests plugins written with anything.
 """
 
+from devplug.testing._kubeapi import FakeKubeAPI, Fault, RecordedRequest
+from devplug.testing._kubeapi_scheduler import AllocationError
 from devplug.testing._kubelet import FakeKubelet
 from devplug.testing._resource import Registration, ResourceView
 from devplug.testing._serving import serving
@@ -19,10 +21,14 @@ from devplug.testing.conformance import CHECKS, CheckResult, CheckStatus, Confor
 
 __all__ = [
     "CHECKS",
+    "AllocationError",
     "CheckResult",
     "CheckStatus",
     "ConformanceReport",
+    "FakeKubeAPI",
     "FakeKubelet",
+    "Fault",
+    "RecordedRequest",
     "Registration",
     "ResourceView",
     "run_conformance",

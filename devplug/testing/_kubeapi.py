@@ -1,0 +1,297 @@
+"""FakeKubeAPI: a Kubernetes API server for tests of DRA drivers, over real HTTP/1.1 on localhost."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import anyio
+import structlog
+
+from devplug.testing._kubeapi_helpers import KubeAPIHelpers
+from devplug.testing._kubeapi_http import HTTPServer, Request, Response, StreamResponse
+from devplug.testing._kubeapi_resources import KINDS, discovery
+from devplug.testing._kubeapi_routes import (
+    Route,
+    dispatch,
+    error_response,
+    json_response,
+    not_found_path,
+    route,
+)
+from devplug.testing._kubeapi_status import APIError, forbidden_error, injected
+from devplug.testing._kubeapi_store import Store
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from types import TracebackType
+
+    import lightkube
+
+log = structlog.get_logger(__name__)
+
+
+class RecordedRequest(NamedTuple):
+    """A request the server answered: the Kubernetes verb (``get``, ``list``, ``watch``, ``create``,
+    ``update``, ``patch``, ``delete``, ``deletecollection``; the lower-case method for other
+    paths), the path without the query, and the status code."""
+
+    verb: str
+    path: str
+    status: int
+
+
+@dataclass
+class Fault:
+    """An injected failure (see :meth:`FakeKubeAPI.fail`); ``remaining`` None means forever."""
+
+    status: int
+    verbs: tuple[str, ...] | None
+    resource: str | None
+    name: str | None
+    message: str | None
+    remaining: int | None
+
+    def matches(self, r: Route) -> bool:
+        resource = r.kind.plural + (f"/{r.subresource}" if r.subresource else "")
+        return (
+            (self.remaining is None or self.remaining > 0)
+            and (self.verbs is None or r.verb in self.verbs)
+            and (self.resource is None or self.resource == resource)
+            and (self.name is None or self.name == r.name)
+        )
+
+    def cancel(self) -> None:
+        """Stop injecting this failure."""
+        self.remaining = 0
+
+
+class FakeKubeAPI(KubeAPIHelpers):
+    """A Kubernetes API server for DRA drivers, over real HTTP/1.1 on 127.0.0.1 (h11, anyio).
+
+    It serves ``resource.k8s.io/v1`` ResourceSlices (get, list, watch, create, update, patch,
+    delete, deletecollection) and ResourceClaims (the same, plus ``status``; lists across
+    namespaces), core ``v1`` Nodes, and ``/version``, ``/api``, ``/apis`` discovery. Objects are
+    JSON dicts with a UID, one global resourceVersion counter, creationTimestamp and generation;
+    errors are ``Status`` objects with the API server's reasons and texts. ResourceSlices are
+    validated as the API server does (schema, limits, immutable fields: 422 with the field
+    paths). Watches replay a bounded history from a resourceVersion (410 Expired beyond it).
+    Test helpers act on the store directly: nodes, claims, allocation as the scheduler would,
+    the kubelet's wipe; fault injection: :meth:`outage`, :meth:`fail`, :meth:`slow`.
+
+    Use it as an async context manager (or ``start()``/``stop()``), on anyio's asyncio backend;
+    :meth:`client` or :meth:`write_kubeconfig` connect lightkube or any client to :attr:`url`.
+
+    Unknown fields: a request without ``fieldValidation`` (lightkube sends none) gets the API
+    server's default, ``Warn``: the fields are dropped and named in ``Warning`` headers;
+    ``fieldValidation=Strict`` rejects them with 400 BadRequest (``strict decoding error``), as
+    does a value of the wrong JSON type or a capacity that is not a quantity (the server cannot
+    decode those, so they are 400, not 422).
+
+    Where it knowingly differs from a real API server: no authentication or authorization (all
+    is allowed unless :meth:`fail` says otherwise); no admission, no managedFields and no
+    server-side apply (``application/apply-patch+yaml`` is 415); a strategic merge patch is
+    applied as a JSON merge patch; deletion is immediate (finalizers and grace periods are not
+    honoured; :meth:`delete_node` garbage-collects owned slices, nothing else does);
+    quantities are stored as sent, not canonicalised; empty lists and maps are kept, not
+    omitted; a continued list reads the current state, not the first page's snapshot; a watch
+    from a future resourceVersion waits instead of failing; the 64-device limit's message and
+    the devices-or-sharedCounters rule's text are approximations; alpha fields other than list
+    attributes (dropped) are kept; ResourceClaims are validated for metadata, spec
+    immutability and status rules only. The DRADeviceTaints feature gate is ``device_taints``.
+
+    Attributes:
+        requests: every answered request as a :class:`RecordedRequest`.
+        user: the user named in injected 403 texts.
+        bookmark_interval: seconds between BOOKMARK events of a quiet watch that asked for them.
+    """
+
+    kubernetes_version = "v1.36.0"
+
+    def __init__(
+        self,
+        *,
+        device_taints: bool = True,
+        event_history: int = 1000,
+        user: str = "system:serviceaccount:kube-system:dra-driver",
+    ) -> None:
+        """Prepare a server; nothing listens until ``start()``.
+
+        Args:
+            device_taints: the DRADeviceTaints feature gate; when off, device ``taints`` are
+                silently dropped from written slices.
+            event_history: how many writes a watch can replay (older resourceVersions: 410).
+            user: the user named in injected 403 answers.
+        """
+        super().__init__()
+        self._store = Store(KINDS, history=event_history, device_taints=device_taints)
+        self._server = HTTPServer(self._handle)
+        self._started = False
+        self._delay = 0.0
+        self._faults: list[Fault] = []
+        self.requests: list[RecordedRequest] = []
+        self.user = user
+        self.bookmark_interval = 60.0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> FakeKubeAPI:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Listen on a free port of 127.0.0.1 (the same port again after :meth:`stop`)."""
+        if self._server.running:
+            raise RuntimeError("FakeKubeAPI is already running")
+        self._server.listen()
+        self._started = True
+        log.info("kubeapi_started", url=self.url)
+
+    async def stop(self) -> None:
+        """Stop serving and close every connection. Safe to call twice."""
+        running = self._server.running
+        await self._server.stop()
+        if running:
+            log.info("kubeapi_stopped", url=self.url)
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        if not self._started:
+            raise RuntimeError("FakeKubeAPI has not been started")
+        return f"http://127.0.0.1:{self._server.port}"
+
+    def kubeconfig(self) -> dict[str, Any]:
+        """A kubeconfig for :attr:`url`: a cluster, a user without credentials, the context ``fake``."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {}}],
+            "contexts": [
+                {"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "default"}}
+            ],
+            "current-context": "fake",
+        }
+
+    def write_kubeconfig(self, path: Path | str) -> Path:
+        """Write :meth:`kubeconfig` to ``path`` (for ``KubeConfig.from_file`` or ``KUBECONFIG``)."""
+        target = Path(path)
+        target.write_text(json.dumps(self.kubeconfig(), indent=2) + "\n")  # JSON is YAML
+        return target
+
+    def client(self, **kwargs: Any) -> lightkube.AsyncClient:
+        """A lightkube AsyncClient for this server (keyword arguments go to ``AsyncClient``).
+
+        Built from :meth:`kubeconfig`: lightkube refuses ``KubeConfig.from_server(url)`` alone
+        ("Missing user") when it makes the HTTP client.
+        """
+        import lightkube
+
+        kwargs.setdefault("trust_env", False)  # no proxies from the environment for 127.0.0.1
+        return lightkube.AsyncClient(lightkube.KubeConfig.from_dict(self.kubeconfig()), **kwargs)
+
+    # -- fault injection -------------------------------------------------------------------------
+
+    def outage(self) -> None:
+        """Go away at once: connections are refused from now on, open ones are reset.
+
+        The objects stay (as in etcd); :meth:`restore` brings the server back.
+        """
+        self._server.halt(reset=True)
+        log.info("kubeapi_outage", url=self.url)
+
+    def restore(self) -> None:
+        """Come back after :meth:`outage`, on the same port, with the same objects."""
+        if not self._server.running:
+            self._server.listen()
+            log.info("kubeapi_restored", url=self.url)
+
+    def fail(
+        self,
+        status: int = 403,
+        verbs: Iterable[str] | None = ("create",),
+        resource: str | None = "resourceslices",
+        times: int | None = None,
+        *,
+        name: str | None = None,
+        message: str | None = None,
+    ) -> Fault:
+        """Answer matching requests with ``status`` instead of serving them; returns the fault to cancel.
+
+        ``verbs`` are Kubernetes verbs (None: any); ``resource`` is a plural, with
+        ``/status`` for the subresource (None: any); ``name`` limits it to one object; ``times``
+        how many answers (None: until cancelled). 403 gets the RBAC authorizer's text for
+        :attr:`user`; other statuses the API server's reason and ``message`` (or a default).
+        """
+        fault = Fault(status, tuple(verbs) if verbs is not None else None, resource, name, message, times)
+        self._faults.append(fault)
+        return fault
+
+    def clear_faults(self) -> None:
+        """Cancel every injected failure."""
+        self._faults.clear()
+
+    def slow(self, seconds: float) -> None:
+        """Delay every answer by ``seconds`` (0 to stop)."""
+        self._delay = seconds
+
+    def compact(self) -> None:
+        """Forget the watch history: a watch from any earlier resourceVersion gets 410 Expired."""
+        self._store.compact()
+
+    # -- serving ---------------------------------------------------------------------------------
+
+    async def _handle(self, request: Request) -> Response | StreamResponse:
+        verb = request.method.lower()
+        response: Response | StreamResponse
+        try:
+            if self._delay > 0:
+                await anyio.sleep(self._delay)
+            r = route(request)
+            if r is None:
+                response = self._other(request)
+            else:
+                verb = r.verb
+                self._inject(r)
+                response = await dispatch(self._store, request, r, bookmark_interval=self.bookmark_interval)
+        except APIError as exc:
+            response = error_response(exc)
+        status = response.status if isinstance(response, Response) else 200
+        self.requests.append(RecordedRequest(verb, request.path, status))
+        log.debug("request", verb=verb, path=request.path, status=status)
+        return response
+
+    def _inject(self, r: Route) -> None:
+        for fault in self._faults:
+            if fault.matches(r):
+                if fault.remaining is not None:
+                    fault.remaining -= 1
+                if fault.status == 403 and fault.message is None:
+                    raise forbidden_error(
+                        r.kind.names,
+                        r.name,
+                        user=self.user,
+                        verb=r.verb,
+                        subresource=r.subresource,
+                        namespace=r.namespace or "",
+                    )
+                raise injected(fault.status, fault.message, r.kind.names, r.name)
+
+    def _other(self, request: Request) -> Response:
+        if request.path in ("/healthz", "/livez", "/readyz"):
+            return Response(200, b"ok", content_type="text/plain; charset=utf-8")
+        document = discovery(request.path.rstrip("/") or "/", self.kubernetes_version)
+        if document is None or request.method != "GET":
+            raise not_found_path()
+        return json_response(200, document)
+
+
+__all__ = ["FakeKubeAPI", "Fault", "RecordedRequest"]

@@ -1,0 +1,224 @@
+"""Allocating a ResourceClaim on one node, by the rules of the scheduler's DRA allocator.
+
+Only the node's own pools of the driver count (slices with ``spec.nodeName`` = the node), each
+at its highest generation, and only if complete (``resourceSliceCount`` slices at that
+generation); a pool with a device name twice is invalid. A device allocated to another claim
+(without adminAccess) or carrying a NoSchedule or NoExecute taint is never chosen. Devices are
+chosen first fit, in slice-name then device order (the order the Go helper's indexed slice names
+make the allocation priority). CEL selectors and device classes are not evaluated.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from devplug.testing._kubeapi_store import Store
+
+_BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+class AllocationError(Exception):
+    """``FakeKubeAPI.allocate_claim`` cannot allocate the claim as the scheduler would."""
+
+
+def _pools(store: Store, node: str, driver: str) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+    """The usable pools (name → current slices) and why the others are not usable."""
+    by_pool: dict[str, list[dict[str, Any]]] = {}
+    for s in store.items(store.kinds["resourceslices"]):
+        spec = s["spec"]
+        if spec.get("driver") == driver and spec.get("nodeName") == node:
+            by_pool.setdefault(spec["pool"]["name"], []).append(s)
+    usable: dict[str, list[dict[str, Any]]] = {}
+    problems: list[str] = []
+    for name, slices in sorted(by_pool.items()):
+        generation = max(s["spec"]["pool"].get("generation", 0) for s in slices)
+        current = sorted(
+            (s for s in slices if s["spec"]["pool"].get("generation", 0) == generation),
+            key=lambda s: s["metadata"]["name"],
+        )
+        expected = current[0]["spec"]["pool"]["resourceSliceCount"]
+        if len(current) != expected:
+            seen = f"{len(current)} of {expected} ResourceSlices at generation {generation}"
+            problems.append(f"pool {name} is incomplete: {seen}")
+            continue
+        names = [d["name"] for s in current for d in s["spec"].get("devices") or []]
+        if len(names) != len(set(names)):
+            problems.append(f"pool {name} is invalid: a device name appears twice at generation {generation}")
+            continue
+        usable[name] = current
+    return usable, problems
+
+
+def _taken(store: Store, skip_uid: str) -> dict[tuple[str, str, str], str]:
+    """Devices allocated (without adminAccess) to claims other than ``skip_uid``, with the claim's name."""
+    taken: dict[tuple[str, str, str], str] = {}
+    for claim in store.items(store.kinds["resourceclaims"]):
+        if claim["metadata"]["uid"] == skip_uid:
+            continue
+        results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get(
+            "results"
+        ) or []
+        for r in results:
+            if not r.get("adminAccess"):
+                taken[(r["driver"], r["pool"], r["device"])] = (
+                    f"{claim['metadata']['namespace']}/{claim['metadata']['name']}"
+                )
+    return taken
+
+
+def _requests(
+    claim: dict[str, Any], count: int | None, wishes: dict[str, list[str]]
+) -> list[tuple[str, Any, bool]]:
+    """(request name, a count, "All" or a list of device names, adminAccess) for each request."""
+    out: list[tuple[str, Any, bool]] = []
+    for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        exactly = request.get("exactly") or {}
+        need: Any = exactly.get("count", 1)
+        if exactly.get("allocationMode") == "All":
+            need = "All"
+        if request["name"] in wishes:
+            need = wishes[request["name"]]
+        if count is not None:
+            need = count
+        out.append((request["name"], need, bool(exactly.get("adminAccess"))))
+    return out
+
+
+class _Allocator:
+    """First-fit choice over the usable pools of one node and driver, for one claim."""
+
+    def __init__(self, store: Store, claim: dict[str, Any], node: str, driver: str) -> None:
+        meta = claim["metadata"]
+        self.where = f"claim {meta['namespace']}/{meta['name']} on node {node} for driver {driver}"
+        self.driver = driver
+        pools, self.problems = _pools(store, node, driver)
+        if not pools:
+            why = "; ".join(self.problems) or f"no ResourceSlice of driver {driver} for node {node}"
+            raise AllocationError(f"cannot allocate {self.where}: {why}")
+        self.taken = _taken(store, meta["uid"])
+        self.candidates = [
+            (p, d) for p, slices in pools.items() for s in slices for d in s["spec"].get("devices") or []
+        ]
+        self.used: set[tuple[str, str]] = set()
+
+    def refusal(self, pool: str, device: dict[str, Any], admin: bool) -> str | None:
+        """Why the scheduler would not pick this device, if it would not."""
+        owner = self.taken.get((self.driver, pool, device["name"]))
+        if owner is not None and not admin:
+            return f"device {device['name']} is allocated to claim {owner}"
+        for t in device.get("taints") or []:
+            if t.get("effect") in _BLOCKING_EFFECTS:
+                return (
+                    f"device {device['name']} has the taint {t.get('key')}={t.get('value', '')}:{t['effect']}"
+                )
+        return None
+
+    def choose(self, request: str, need: Any, admin: bool) -> list[dict[str, Any]]:
+        """Results for one request: ``need`` is a count, "All" or a list of device names."""
+        chosen: list[tuple[str, str]] = []
+        refusals: dict[str, str] = {}
+        for pool, device in self.candidates:
+            if (pool, device["name"]) in self.used or (isinstance(need, list) and device["name"] not in need):
+                continue
+            why = self.refusal(pool, device, admin)
+            if why is not None:
+                refusals[device["name"]] = why
+            elif not isinstance(need, int) or len(chosen) < need:
+                chosen.append((pool, device["name"]))
+        if isinstance(need, list):
+            for name in need:
+                if name not in refusals and name not in {d for _, d in chosen}:
+                    refusals[name] = f"device {name} is not in a usable pool"
+        # "All" needs every device of the node's pools: none taken or tainted, no pool incomplete.
+        if need == "All":
+            failed = bool(refusals or self.problems or not chosen)
+        else:
+            failed = len(chosen) < (len(need) if isinstance(need, list) else need)
+        if failed:
+            wanted = (
+                "all devices"
+                if need == "All"
+                else f"{len(need) if isinstance(need, list) else need} device(s)"
+            )
+            why = "; ".join([*self.problems, *refusals.values()]) or "no more devices"
+            raise AllocationError(
+                f"cannot allocate {self.where}: request {request} needs {wanted}, {len(chosen)} usable: {why}"
+            )
+        self.used.update(chosen)
+        results: list[dict[str, Any]] = []
+        for pool, device_name in chosen:
+            result: dict[str, Any] = {
+                "request": request,
+                "driver": self.driver,
+                "pool": pool,
+                "device": device_name,
+            }
+            if admin:
+                result["adminAccess"] = True
+            results.append(result)
+        return results
+
+
+def allocate(
+    store: Store,
+    claim: dict[str, Any],
+    *,
+    node: str,
+    driver: str,
+    devices: list[str] | None,
+    count: int | None,
+    config: list[dict[str, Any]] | None,
+    wishes: dict[str, list[str]],
+) -> dict[str, Any]:
+    """The claim's ``status.allocation``; raises AllocationError when the scheduler could not allocate."""
+    allocator = _Allocator(store, claim, node, driver)
+    if (claim.get("status") or {}).get("allocation"):
+        raise AllocationError(f"cannot allocate {allocator.where}: it is already allocated")
+    requests = _requests(claim, count, wishes)
+    if not requests:
+        raise AllocationError(f"cannot allocate {allocator.where}: the claim has no device requests")
+    pending = list(devices) if devices is not None else None
+    results: list[dict[str, Any]] = []
+    for name, need, admin in requests:
+        wanted = need
+        if pending is not None and need != "All":  # the named devices, split over the requests
+            n = need if isinstance(need, int) else len(need)
+            wanted, pending = pending[:n], pending[n:]
+        results += allocator.choose(name, wanted, admin)
+    allocated: dict[str, Any] = {"results": results}
+    configs = _config(claim, driver, config)
+    if configs:
+        allocated["config"] = configs
+    selector = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {"devices": allocated, "nodeSelector": {"nodeSelectorTerms": [selector]}}
+
+
+def _config(claim: dict[str, Any], driver: str, config: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Class configuration first, then the claim's own, as the allocator orders them.
+
+    An entry without ``opaque`` is taken as the opaque parameters for ``driver``; ``source``
+    defaults to FromClaim.
+    """
+    entries: list[dict[str, Any]] = []
+    for item in config or []:
+        entry: dict[str, Any] = (
+            copy.deepcopy(item)
+            if "opaque" in item
+            else {"opaque": {"driver": driver, "parameters": copy.deepcopy(item)}}
+        )
+        entry.setdefault("source", "FromClaim")
+        entries.append(entry)
+    from_spec = [
+        {
+            "source": "FromClaim",
+            **({"requests": c["requests"]} if c.get("requests") else {}),
+            "opaque": c["opaque"],
+        }
+        for c in ((claim.get("spec") or {}).get("devices") or {}).get("config") or []
+        if c.get("opaque")
+    ]
+    by_class = [e for e in entries if e["source"] == "FromClass"]
+    by_claim = [e for e in entries if e["source"] != "FromClass"]
+    return by_class + from_spec + by_claim

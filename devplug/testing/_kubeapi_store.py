@@ -1,0 +1,346 @@
+"""The fake API server's storage: objects as JSON dicts, one resourceVersion counter, write rules.
+
+Create, update, patch and delete follow ``k8s.io/apiserver``'s generic registry: decoding (400),
+preconditions and optimistic locking (409), the kind's strategy (generation, what a status
+update may change, fields a default server drops) and validation (422). Every write gets the
+next resourceVersion and is recorded in a bounded event history that watches read from.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import random
+import uuid
+from collections import deque
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import anyio
+
+from devplug.testing._kubeapi_meta import validate_claim_status, validate_claim_update, validate_object_meta
+from devplug.testing._kubeapi_patch import apply as apply_patch
+from devplug.testing._kubeapi_schema import decode
+from devplug.testing._kubeapi_status import (
+    OPTIMISTIC_LOCK,
+    APIError,
+    FieldError,
+    already_exists,
+    bad_request,
+    cannot_decode,
+    conflict,
+    invalid_object,
+    not_found,
+)
+from devplug.testing._kubeapi_validation import decode_errors, drop_disabled_fields, validate_slice
+
+if TYPE_CHECKING:
+    from devplug.testing._kubeapi_resources import Kind
+
+# The API server's generateName suffix: 5 characters without vowels or look-alikes.
+_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+_MAX_GENERATE_PREFIX = 63 - 5
+
+
+class Event(NamedTuple):
+    """One write, as the watch history keeps it."""
+
+    rv: int
+    type: str  # ADDED, MODIFIED, DELETED
+    resource: str
+    obj: dict[str, Any]
+    old: dict[str, Any] | None
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _key(namespace: str, name: str) -> tuple[str, str]:
+    return (namespace, name)
+
+
+class Store:
+    """Objects by resource and (namespace, name); writes numbered by one resourceVersion counter."""
+
+    def __init__(self, kinds: dict[str, Kind], *, history: int, device_taints: bool) -> None:
+        self.kinds = kinds
+        self.objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in kinds}
+        self.rv = 1
+        self.history = history
+        self.events: deque[Event] = deque()
+        self.compacted = self.rv  # watches may start at this resourceVersion or later
+        self.device_taints = device_taints
+        self._changed: anyio.Event | None = None
+
+    # -- notification ----------------------------------------------------------------------------
+
+    async def changed(self) -> None:
+        """Return after the next write (or :meth:`poke`)."""
+        if self._changed is None:
+            self._changed = anyio.Event()
+        await self._changed.wait()
+
+    def poke(self) -> None:
+        event, self._changed = self._changed, None
+        if event is not None:
+            event.set()
+
+    def compact(self) -> None:
+        """Forget the event history, as etcd compaction does: older resourceVersions are gone."""
+        self.events.clear()
+        self.compacted = self.rv
+        self.poke()
+
+    def _commit(
+        self, type_: str, kind: Kind, obj: dict[str, Any], old: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        key = _key(obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        if type_ == "DELETED":
+            self.objects[kind.plural].pop(key, None)
+        else:
+            self.objects[kind.plural][key] = obj
+        self.events.append(Event(self.rv, type_, kind.plural, copy.deepcopy(obj), old))
+        while len(self.events) > self.history:
+            self.compacted = self.events.popleft().rv
+        self.poke()
+        return copy.deepcopy(obj)
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any]:
+        obj = self.objects[kind.plural].get(_key(namespace, name))
+        if obj is None:
+            raise not_found(kind.names, name)
+        return copy.deepcopy(obj)
+
+    def items(self, kind: Kind, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Current objects (copies), in (namespace, name) order; ``namespace`` None: all."""
+        found = self.objects[kind.plural]
+        return [copy.deepcopy(found[k]) for k in sorted(found) if namespace is None or k[0] == namespace]
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    def _decode(self, kind: Kind, body: Any, *, strict: bool) -> list[str]:
+        if not isinstance(body, dict):
+            raise cannot_decode(
+                kind.names, "json: cannot unmarshal non-object into Go value of type " + kind.names.kind
+            )
+        api_version, kind_name = body.get("apiVersion"), body.get("kind")
+        if api_version not in (None, "", kind.api_version):
+            raise bad_request(
+                f"the API version in the data ({api_version}) does not match the expected API version "
+                f"({kind.api_version})"
+            )
+        if kind_name not in (None, "", kind.names.kind):
+            raise bad_request(
+                f"the kind in the data ({kind_name}) does not match the expected kind ({kind.names.kind})"
+            )
+        decoded = decode(kind.plural, body)
+        if decoded.type_error:
+            raise cannot_decode(kind.names, decoded.type_error)
+        unknown = [f'unknown field "{path}"' for path in decoded.unknown]
+        if unknown and strict:
+            raise cannot_decode(kind.names, "strict decoding error: " + ", ".join(unknown))
+        if kind.plural == "resourceslices" and (errors := decode_errors(body)):
+            raise cannot_decode(kind.names, errors[0])
+        body["apiVersion"], body["kind"] = kind.api_version, kind.names.kind
+        body.setdefault("metadata", {})
+        return unknown
+
+    def _validate(
+        self, kind: Kind, new: dict[str, Any], old: dict[str, Any] | None, subresource: str
+    ) -> None:
+        errors: list[FieldError]
+        if kind.plural == "resourceslices":
+            errors = validate_slice(new, old)
+        elif subresource == "status" and kind.plural == "resourceclaims" and old is not None:
+            errors = validate_claim_status(new, old)
+        else:
+            errors = validate_object_meta(new["metadata"], namespaced=kind.namespaced)
+            if kind.plural == "resourceclaims" and old is not None:
+                errors += validate_claim_update(new, old)
+        if errors:
+            raise invalid_object(kind.names, new["metadata"].get("name", ""), errors)
+
+    def create(
+        self,
+        kind: Kind,
+        namespace: str,
+        body: Any,
+        *,
+        strict: bool = False,
+        dry_run: bool = False,
+        uid: str | None = None,
+    ) -> tuple[dict[str, Any], list[str]]:
+        """POST: the created object and the warnings (unknown fields dropped); ``uid`` for test helpers."""
+        warnings = self._decode(kind, body, strict=strict)
+        meta = body["metadata"]
+        if kind.namespaced:
+            if meta.get("namespace") not in (None, "", namespace):
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        for server_owned in ("uid", "creationTimestamp", "deletionTimestamp", "generation", "selfLink"):
+            meta.pop(server_owned, None)
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = self._generate_name(kind, namespace, meta["generateName"])
+        if kind.plural == "resourceclaims":
+            body.pop("status", None)
+        if kind.plural == "resourceslices":
+            drop_disabled_fields(body, device_taints=self.device_taints)
+        self._validate(kind, body, None, "")
+        if _key(meta.get("namespace", ""), meta["name"]) in self.objects[kind.plural]:
+            raise already_exists(kind.names, meta["name"])
+        if meta.get("resourceVersion"):
+            why = "resourceVersion should not be set on objects to be created"
+            raise APIError(
+                500, "InternalError", f"Internal error occurred: {why}", {"causes": [{"message": why}]}
+            )
+        meta["uid"] = uid or str(uuid.uuid4())
+        meta["creationTimestamp"] = now()
+        if kind.tracks_generation:
+            meta["generation"] = 1
+        if dry_run:
+            return body, warnings
+        return self._commit("ADDED", kind, body, None), warnings
+
+    def _generate_name(self, kind: Kind, namespace: str, prefix: str) -> str:
+        prefix = prefix[:_MAX_GENERATE_PREFIX]
+        while True:  # the API server retries a taken name too
+            name = prefix + "".join(random.choices(_SUFFIX_ALPHABET, k=5))  # noqa: S311 - not a secret
+            if _key(namespace, name) not in self.objects[kind.plural]:
+                return name
+
+    def update(
+        self,
+        kind: Kind,
+        namespace: str,
+        name: str,
+        body: Any,
+        *,
+        subresource: str = "",
+        strict: bool = False,
+        dry_run: bool = False,
+    ) -> tuple[dict[str, Any], list[str]]:
+        """PUT: the stored object and the warnings."""
+        warnings = self._decode(kind, body, strict=strict)
+        meta = body["metadata"]
+        if meta.get("name", "") != name:
+            raise bad_request(
+                f"the name of the object ({meta.get('name', '')}) does not match the name on the URL ({name})"
+            )
+        if kind.namespaced and meta.get("namespace") not in (None, "", namespace):
+            raise bad_request(
+                f"the namespace of the object ({meta['namespace']}) does not match the namespace on the "
+                f"request ({namespace})"
+            )
+        old = self.get(kind, namespace, name)
+        old_meta = old["metadata"]
+        if meta.get("uid") and meta["uid"] != old_meta["uid"]:
+            why = f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta: {old_meta['uid']}"  # noqa: E501
+            raise conflict(kind.names, name, why)
+        if meta.get("resourceVersion") and meta["resourceVersion"] != old_meta["resourceVersion"]:
+            raise conflict(kind.names, name, OPTIMISTIC_LOCK)
+        new = self._prepare_update(kind, body, old, subresource)
+        self._validate(kind, new, old, subresource)
+        if _same(new, old):  # a no-op write keeps the resourceVersion and sends no event
+            return old, warnings
+        if dry_run:
+            return new, warnings
+        return self._commit("MODIFIED", kind, new, old), warnings
+
+    def _prepare_update(
+        self, kind: Kind, new: dict[str, Any], old: dict[str, Any], subresource: str
+    ) -> dict[str, Any]:
+        meta, old_meta = new["metadata"], old["metadata"]
+        if subresource == "status":
+            # Status writes change nothing but the status (ResetObjectMetaForStatus).
+            new = {**old, "status": new.get("status")}
+            if new["status"] is None:
+                del new["status"]
+            new["metadata"] = copy.deepcopy(old_meta)
+            return new
+        for kept in ("uid", "creationTimestamp", "deletionTimestamp", "generation", "namespace"):
+            if kept in old_meta:
+                meta[kept] = old_meta[kept]
+            else:
+                meta.pop(kept, None)
+        meta["resourceVersion"] = old_meta["resourceVersion"]
+        if kind.status:  # the main resource cannot change the status
+            new.pop("status", None)
+            if "status" in old:
+                new["status"] = copy.deepcopy(old["status"])
+        if kind.plural == "resourceslices":
+            drop_disabled_fields(new, device_taints=self.device_taints)
+        if kind.tracks_generation and new.get("spec") != old.get("spec"):
+            meta["generation"] = old_meta.get("generation", 0) + 1
+        return new
+
+    def patch(
+        self,
+        kind: Kind,
+        namespace: str,
+        name: str,
+        content_type: str,
+        body: bytes,
+        *,
+        subresource: str = "",
+        strict: bool = False,
+        dry_run: bool = False,
+    ) -> tuple[dict[str, Any], list[str]]:
+        """PATCH: applied to the current object, then stored as an update.
+
+        A resourceVersion in the patch is a precondition, as in a PUT.
+        """
+        old = self.get(kind, namespace, name)
+        patched = apply_patch(old, content_type, body)
+        return self.update(
+            kind, namespace, name, patched, subresource=subresource, strict=strict, dry_run=dry_run
+        )
+
+    def delete(
+        self,
+        kind: Kind,
+        namespace: str,
+        name: str,
+        options: dict[str, Any] | None = None,
+        *,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        """DELETE: removes at once (finalizers are not honoured) and answers the API server's Status."""
+        old = self.get(kind, namespace, name)
+        pre = (options or {}).get("preconditions") or {}
+        meta = old["metadata"]
+        if pre.get("uid") and pre["uid"] != meta["uid"]:
+            why = f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {meta['uid']}"
+            raise conflict(kind.names, name, why)
+        if pre.get("resourceVersion") and pre["resourceVersion"] != meta["resourceVersion"]:
+            why = (
+                f"Precondition failed: ResourceVersion in precondition: {pre['resourceVersion']}, "
+                f"ResourceVersion in object meta: {meta['resourceVersion']}"
+            )
+            raise conflict(kind.names, name, why)
+        if not dry_run:
+            self._commit("DELETED", kind, copy.deepcopy(old), old)
+        details = kind.names.details(name, uid=meta["uid"])
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}
+
+    def write(self, kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store ``obj`` as a new version of itself, unchecked (the test helpers' own writes)."""
+        old = self.objects[kind.plural].get(
+            _key(obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        )
+        return self._commit("MODIFIED" if old else "ADDED", kind, copy.deepcopy(obj), copy.deepcopy(old))
+
+
+def _same(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    return _without_rv(new) == _without_rv(old)
+
+
+def _without_rv(obj: dict[str, Any]) -> dict[str, Any]:
+    return {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}}

@@ -1,0 +1,57 @@
+"""Shared pieces of the FakeKubeAPI tests (no tests here): slice bodies and raw HTTP calls."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx2
+
+DRIVER = "gpu.example.com"
+NODE = "node-1"
+
+
+def device(name: str, **fields: Any) -> dict[str, Any]:
+    return {"name": name, **fields}
+
+
+def slice_body(
+    name: str | None = "s1",
+    *,
+    node: str | None = NODE,
+    driver: str = DRIVER,
+    pool: str | None = None,
+    generation: int = 0,
+    count: int = 1,
+    devices: list[dict[str, Any]] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    """A valid ResourceSlice (JSON) unless the arguments make it otherwise."""
+    body: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name} if name is not None else {"generateName": f"{node}-{driver}-"},
+        "spec": {
+            "driver": driver,
+            "pool": {"name": pool or node or "pool", "generation": generation, "resourceSliceCount": count},
+            "devices": devices if devices is not None else [device("gpu-0")],
+        },
+    }
+    if node is not None:
+        body["spec"]["nodeName"] = node
+    body["spec"].update(spec)
+    return body
+
+
+def raw(url: str) -> httpx2.AsyncClient:
+    """An HTTP client for what lightkube cannot send (bodies on DELETE, strict validation, raw watches)."""
+    return httpx2.AsyncClient(base_url=url, trust_env=False, timeout=10)
+
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+async def post_slice(http: httpx2.AsyncClient, body: dict[str, Any], **params: str) -> httpx2.Response:
+    return await http.post(
+        SLICES, content=json.dumps(body), params=params, headers={"Content-Type": "application/json"}
+    )
