@@ -1,0 +1,410 @@
+"""The API server's ResourceSlice rules in FakeKubeAPI: a table of valid and invalid slices, and the wire."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from lightkube import ApiError
+from lightkube.resources.resource_v1 import ResourceSlice
+
+from devplug.testing import FakeKubeAPI
+from devplug.testing._kubeapi_validation import validate_slice
+from tests.testing.test_kubeapi_kit import NODE, device, post_slice, raw, slice_body
+
+Body = dict[str, Any]
+
+
+def with_devices(*devices: Body) -> Callable[[Body], None]:
+    def change(body: Body) -> None:
+        body["spec"]["devices"] = list(devices)
+
+    return change
+
+
+def spec(**fields: Any) -> Callable[[Body], None]:
+    def change(body: Body) -> None:
+        body["spec"].update(fields)
+
+    return change
+
+
+def pool(**fields: Any) -> Callable[[Body], None]:
+    def change(body: Body) -> None:
+        body["spec"]["pool"].update(fields)
+
+    return change
+
+
+def meta(**fields: Any) -> Callable[[Body], None]:
+    def change(body: Body) -> None:
+        body["metadata"].update(fields)
+
+    return change
+
+
+def no_node(body: Body) -> None:
+    del body["spec"]["nodeName"]
+
+
+def attrs(n: int, caps: int = 0) -> Body:
+    return device(
+        "gpu-0",
+        attributes={f"a{i}": {"int": i} for i in range(n)},
+        capacity={f"c{i}": {"value": "1"} for i in range(caps)},
+    )
+
+
+def taint(key: str = "example.com/hot", effect: str | None = "NoSchedule", **more: Any) -> Body:
+    return {"key": key, **({"effect": effect} if effect else {}), **more}
+
+
+OWNER = {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "u-1", "controller": True}
+LABEL_MSG = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-'"
+SUBDOMAIN_MSG = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters"
+
+VALID: list[tuple[str, Callable[[Body], None]]] = [
+    ("minimal", lambda b: None),
+    ("all nodes", lambda b: (no_node(b), spec(allNodes=True)(b))),
+    (
+        "node selector",
+        lambda b: (
+            no_node(b),
+            spec(
+                nodeSelector={
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                    ]
+                }
+            )(b),
+        ),
+    ),
+    (
+        "per-device node selection",
+        lambda b: (no_node(b), spec(perDeviceNodeSelection=True, devices=[device("d", nodeName=NODE)])(b)),
+    ),
+    ("pool name of subdomains", pool(name="example.com/rack-1/node-1")),
+    ("128 devices", with_devices(*(device(f"d{i}") for i in range(128)))),
+    ("64 devices, tainted", with_devices(*(device(f"d{i}", taints=[taint()]) for i in range(64)))),
+    ("32 attributes and capacities", with_devices(attrs(20, 12))),
+    (
+        "domain-qualified attribute",
+        with_devices(device("d", attributes={"gpu.example.com/model": {"string": "a100"}})),
+    ),
+    (
+        "semver with pre-release and build",
+        with_devices(device("d", attributes={"v": {"version": "1.2.3-rc.1+b.5"}})),
+    ),
+    ("64-character string", with_devices(device("d", attributes={"s": {"string": "x" * 64}}))),
+    ("taint effect None", with_devices(device("d", taints=[taint(effect="None", value="v1")]))),
+    ("16 taints", with_devices(device("d", taints=[taint(f"k{i}") for i in range(16)]))),
+    ("quantities", with_devices(device("d", capacity={"memory": {"value": "80Gi"}, "cores": {"value": 4}}))),
+    ("owner reference", meta(ownerReferences=[OWNER], labels={"app.kubernetes.io/name": "driver"})),
+    (
+        "shared counters only",
+        spec(devices=[], sharedCounters=[{"name": "gpu-0", "counters": {"memory": {"value": "1Gi"}}}]),
+    ),
+    ("generation zero, many slices", pool(generation=0, resourceSliceCount=3)),
+]
+
+INVALID: list[tuple[str, Callable[[Body], None], str, str]] = [
+    ("no driver", spec(driver=""), "spec.driver", "Required value"),
+    ("long driver", spec(driver="d" * 60 + ".com"), "spec.driver", "Too long: may not be more than 63 bytes"),
+    (
+        "driver not a subdomain",
+        spec(driver="bad_driver"),
+        "spec.driver",
+        f'Invalid value: "bad_driver": {SUBDOMAIN_MSG}',
+    ),
+    ("no pool name", pool(name=""), "spec.pool.name", "Required value"),
+    ("empty pool name part", pool(name="a//b"), "spec.pool.name", f'Invalid value: "": {SUBDOMAIN_MSG}'),
+    ("long pool name", pool(name="a." * 127), "spec.pool.name", "Too long: may not be more than 253 bytes"),
+    (
+        "negative generation",
+        pool(generation=-1),
+        "spec.pool.generation",
+        "Invalid value: -1: must be greater than or equal to zero",
+    ),
+    (
+        "no slice count",
+        pool(resourceSliceCount=0),
+        "spec.pool.resourceSliceCount",
+        "Invalid value: 0: must be greater than zero",
+    ),
+    (
+        "no node selection",
+        no_node,
+        "spec",
+        "Required value: exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection`",
+    ),
+    (
+        "two node selections",
+        spec(allNodes=True),
+        "spec",
+        'Invalid value: "{`nodeName`, `allNodes`}": exactly one of',
+    ),
+    (
+        "two selector terms",
+        lambda b: (no_node(b), spec(nodeSelector={"nodeSelectorTerms": [{}, {}]})(b)),
+        "spec.nodeSelector.nodeSelectorTerms",
+        "must have exactly one node selector term",
+    ),
+    (
+        "device name",
+        with_devices(device("A_b")),
+        "spec.devices[0].name",
+        f'Invalid value: "A_b": {LABEL_MSG}',
+    ),
+    ("device name with a dot", with_devices(device("a.b")), "spec.devices[0].name", "must not contain dots"),
+    (
+        "duplicate devices",
+        with_devices(device("gpu-0"), device("gpu-0")),
+        "spec.devices[1].name",
+        'Duplicate value: "gpu-0"',
+    ),
+    (
+        "129 devices",
+        with_devices(*(device(f"d{i}") for i in range(129))),
+        "spec.devices",
+        "Too many: 129: must have at most 128 items",
+    ),
+    (
+        "65 devices, one tainted",
+        with_devices(device("t", taints=[taint()]), *(device(f"d{i}") for i in range(64))),
+        "spec.devices",
+        "Too many: 65: must have at most 64 items",
+    ),
+    (
+        "65 devices, one consuming counters",
+        with_devices(
+            device("t", consumesCounters=[{"counterSet": "s", "counters": {"m": {"value": "1"}}}]),
+            *(device(f"d{i}") for i in range(64)),
+        ),
+        "spec.devices",
+        "Too many: 65: must have at most 64 items",
+    ),
+    (
+        "33 attributes and capacities",
+        with_devices(attrs(30, 3)),
+        "spec.devices[0]",
+        "Invalid value: 33: the total number of attributes and capacities must not exceed 32",
+    ),
+    (
+        "attribute not a C identifier",
+        with_devices(device("d", attributes={"1bad": {"int": 1}})),
+        "spec.devices[0].attributes[1bad]",
+        'Invalid value: "1bad": a valid C identifier must start',
+    ),
+    (
+        "long attribute name",
+        with_devices(device("d", attributes={"a" * 33: {"int": 1}})),
+        f"spec.devices[0].attributes[{'a' * 33}]",
+        "Too long: may not be more than 32 bytes",
+    ),
+    (
+        "two slashes",
+        with_devices(device("d", attributes={"a/b/c": {"int": 1}})),
+        "spec.devices[0].attributes[a/b/c]",
+        "must be either a C identifier or a domain followed by a slash",
+    ),
+    (
+        "bad attribute domain",
+        with_devices(device("d", attributes={"Bad_Domain/x": {"int": 1}})),
+        "spec.devices[0].attributes[Bad_Domain/x]",
+        SUBDOMAIN_MSG,
+    ),
+    (
+        "attribute without a value",
+        with_devices(device("d", attributes={"model": {}})),
+        "spec.devices[0].attributes[model]",
+        "Required value: exactly one value must be specified",
+    ),
+    (
+        "attribute with two values",
+        with_devices(device("d", attributes={"model": {"int": 1, "string": "x"}})),
+        "spec.devices[0].attributes[model]",
+        "exactly one value must be specified",
+    ),
+    (
+        "65-character string",
+        with_devices(device("d", attributes={"s": {"string": "x" * 65}})),
+        "spec.devices[0].attributes[s].string",
+        "Too long: may not be more than 64 bytes",
+    ),
+    (
+        "not semver",
+        with_devices(device("d", attributes={"v": {"version": "1.2"}})),
+        "spec.devices[0].attributes[v].version",
+        'Invalid value: "1.2": must be a string compatible with semver.org spec 2.0.0',
+    ),
+    (
+        "list attributes are an alpha feature",
+        with_devices(device("d", attributes={"l": {"ints": [1]}})),
+        "spec.devices[0].attributes[l]",
+        "Required value: exactly one value",
+    ),
+    (
+        "taint effect",
+        with_devices(device("d", taints=[taint(effect="Sometimes")])),
+        "spec.devices[0].taints[0].effect",
+        'Unsupported value: "Sometimes": supported values: "NoExecute", "NoSchedule", "None"',
+    ),
+    (
+        "taint without effect",
+        with_devices(device("d", taints=[taint(effect=None)])),
+        "spec.devices[0].taints[0].effect",
+        "Required value",
+    ),
+    (
+        "taint key",
+        with_devices(device("d", taints=[taint(key="bad key")])),
+        "spec.devices[0].taints[0].key",
+        'Invalid value: "bad key": name part must consist of',
+    ),
+    (
+        "17 taints",
+        with_devices(device("d", taints=[taint(f"k{i}") for i in range(17)])),
+        "spec.devices[0].taints",
+        "Too many: 17: must have at most 16 items",
+    ),
+    (
+        "per-device node field",
+        with_devices(device("d", nodeName=NODE)),
+        "spec.devices[0]",
+        "can only be set if `perDeviceNodeSelection` is set",
+    ),
+    ("object name", meta(name="Bad"), "metadata.name", f'Invalid value: "Bad": {SUBDOMAIN_MSG}'),
+    (
+        "owner without uid",
+        meta(ownerReferences=[{**OWNER, "uid": ""}]),
+        "metadata.ownerReferences.uid",
+        'Invalid value: "": uid must not be empty',
+    ),
+    (
+        "two controllers",
+        meta(ownerReferences=[OWNER, {**OWNER, "name": "n2", "uid": "u-2"}]),
+        "metadata.ownerReferences",
+        "Only one reference can have Controller set to true",
+    ),
+    ("label key", meta(labels={"a/b/c": "x"}), "metadata.labels", "a qualified name must consist of"),
+    (
+        "nine counter sets",
+        spec(devices=[], sharedCounters=[{"name": f"s{i}", "counters": {}} for i in range(9)]),
+        "spec.sharedCounters",
+        "Too many: 9: must have at most 8 items",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "change"), VALID, ids=[c for c, _ in VALID])
+def test_valid_slices(case: str, change: Callable[[Body], None]) -> None:
+    body = slice_body()
+    change(body)
+    assert [str(e) for e in validate_slice(body)] == [], case
+
+
+@pytest.mark.parametrize(("case", "change", "path", "text"), INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_slices(case: str, change: Callable[[Body], None], path: str, text: str) -> None:
+    body = slice_body()
+    change(body)
+    errors = validate_slice(body)
+    assert any(e.field == path and text in e.body for e in errors), [str(e) for e in errors]
+
+
+# -- over the wire ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeKubeAPI]:
+    async with FakeKubeAPI() as server:
+        yield server
+
+
+@pytest.mark.anyio
+async def test_422_message_and_causes(api: FakeKubeAPI) -> None:
+    body = slice_body("x", devices=[device("A_b")])
+    async with raw(api.url) as http:
+        one = await post_slice(http, body)
+        body["spec"]["pool"]["generation"] = -1
+        two = await post_slice(http, body)
+    assert one.status_code == 422
+    status = one.json()
+    assert status["kind"] == "Status"
+    assert status["apiVersion"] == "v1"
+    assert status["status"] == "Failure"
+    assert status["reason"] == "Invalid"
+    assert status["code"] == 422
+    assert status["message"] == (
+        'ResourceSlice.resource.k8s.io "x" is invalid: spec.devices[0].name: Invalid value: "A_b": '
+        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
+        "start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for "
+        "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+    )
+    assert status["details"]["kind"] == "ResourceSlice"
+    assert status["details"]["group"] == "resource.k8s.io"
+    assert status["details"]["causes"][0]["field"] == "spec.devices[0].name"
+    assert status["details"]["causes"][0]["reason"] == "FieldValueInvalid"
+    message = two.json()["message"]
+    assert message.startswith(
+        'ResourceSlice.resource.k8s.io "x" is invalid: [spec.pool.generation: Invalid value: -1'
+    )
+    assert message.endswith("]")
+    assert api.slices() == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("change", "text"),
+    [
+        (
+            pool(generation="1"),
+            "cannot unmarshal string into Go struct field ResourcePool.spec.pool.generation of type int64",
+        ),
+        (
+            with_devices(device("d", capacity={"m": {"value": "lots"}})),
+            "quantities must match the regular expression",
+        ),
+    ],
+)
+async def test_undecodable_bodies_are_400(
+    api: FakeKubeAPI, change: Callable[[Body], None], text: str
+) -> None:
+    body = slice_body()
+    change(body)
+    async with raw(api.url) as http:
+        answer = await post_slice(http, body)
+    assert answer.status_code == 400
+    assert answer.json()["reason"] == "BadRequest"
+    assert answer.json()["message"].startswith(
+        'ResourceSlice in version "v1" cannot be handled as a ResourceSlice: '
+    )
+    assert text in answer.json()["message"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("gate", [True, False])
+async def test_taints_dropped_without_the_feature_gate(gate: bool) -> None:
+    body = slice_body(devices=[device("gpu-0", taints=[taint(effect="NoExecute")])])
+    async with FakeKubeAPI(device_taints=gate) as api, api.client() as client:
+        created = await client.create(ResourceSlice.from_dict(copy.deepcopy(body)))
+        (stored,) = api.slices()
+        replaced = await client.replace(created)
+    assert (created.spec.devices[0].taints is not None) is gate
+    assert ("taints" in stored["spec"]["devices"][0]) is gate
+    assert (replaced.spec.devices[0].taints is not None) is gate
+
+
+@pytest.mark.anyio
+async def test_resource_version_on_create_is_an_internal_error(api: FakeKubeAPI) -> None:
+    async with api.client() as client:
+        body = slice_body()
+        body["metadata"]["resourceVersion"] = "5"
+        with pytest.raises(ApiError) as refused:
+            await client.create(ResourceSlice.from_dict(body))
+    assert refused.value.status.code == 500
+    assert (
+        refused.value.status.message
+        == "Internal error occurred: resourceVersion should not be set on objects to be created"
+    )
