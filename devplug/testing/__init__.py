@@ -12,7 +12,8 @@ Apart from :func:`serving`, this package talks to plugins only over gRPC: it doe
 devplug's runtime, so it tests plugins written with anything.
 """
 
-from devplug.testing._kubeapi import FakeKubeAPI, Fault, RecordedRequest
+from devplug.testing._kubeapi import FakeKubeAPI
+from devplug.testing._kubeapi_faults import Fault, RecordedRequest
 from devplug.testing._kubeapi_scheduler import AllocationError
 from devplug.testing._kubelet import FakeKubelet
 from devplug.testing._resource import Registration, ResourceView

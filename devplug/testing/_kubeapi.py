@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
 
+from devplug.testing._kubeapi_faults import Fault, RecordedRequest
 from devplug.testing._kubeapi_helpers import KubeAPIHelpers
 from devplug.testing._kubeapi_http import HTTPServer, Request, Response, StreamResponse
 from devplug.testing._kubeapi_resources import KINDS, discovery
@@ -21,7 +21,7 @@ from devplug.testing._kubeapi_routes import (
     not_found_path,
     route,
 )
-from devplug.testing._kubeapi_status import APIError, forbidden_error, injected
+from devplug.testing._kubeapi_status import APIError
 from devplug.testing._kubeapi_store import Store
 
 if TYPE_CHECKING:
@@ -31,41 +31,6 @@ if TYPE_CHECKING:
     import lightkube
 
 log = structlog.get_logger(__name__)
-
-
-class RecordedRequest(NamedTuple):
-    """A request the server answered: the Kubernetes verb (``get``, ``list``, ``watch``, ``create``,
-    ``update``, ``patch``, ``delete``, ``deletecollection``; the lower-case method for other
-    paths), the path without the query, and the status code."""
-
-    verb: str
-    path: str
-    status: int
-
-
-@dataclass
-class Fault:
-    """An injected failure (see :meth:`FakeKubeAPI.fail`); ``remaining`` None means forever."""
-
-    status: int
-    verbs: tuple[str, ...] | None
-    resource: str | None
-    name: str | None
-    message: str | None
-    remaining: int | None
-
-    def matches(self, r: Route) -> bool:
-        resource = r.kind.plural + (f"/{r.subresource}" if r.subresource else "")
-        return (
-            (self.remaining is None or self.remaining > 0)
-            and (self.verbs is None or r.verb in self.verbs)
-            and (self.resource is None or self.resource == resource)
-            and (self.name is None or self.name == r.name)
-        )
-
-    def cancel(self) -> None:
-        """Stop injecting this failure."""
-        self.remaining = 0
 
 
 class FakeKubeAPI(KubeAPIHelpers):
@@ -264,6 +229,9 @@ class FakeKubeAPI(KubeAPIHelpers):
                 response = await dispatch(self._store, request, r, bookmark_interval=self.bookmark_interval)
         except APIError as exc:
             response = error_response(exc)
+        except Exception as exc:  # a bug here must not take the server down: answer as the API server would
+            log.exception("kubeapi_request_failed", verb=verb, path=request.path)
+            response = error_response(APIError(500, "InternalError", f"Internal error occurred: {exc}"))
         status = response.status if isinstance(response, Response) else 200
         self.requests.append(RecordedRequest(verb, request.path, status))
         log.debug("request", verb=verb, path=request.path, status=status)
@@ -272,18 +240,7 @@ class FakeKubeAPI(KubeAPIHelpers):
     def _inject(self, r: Route) -> None:
         for fault in self._faults:
             if fault.matches(r):
-                if fault.remaining is not None:
-                    fault.remaining -= 1
-                if fault.status == 403 and fault.message is None:
-                    raise forbidden_error(
-                        r.kind.names,
-                        r.name,
-                        user=self.user,
-                        verb=r.verb,
-                        subresource=r.subresource,
-                        namespace=r.namespace or "",
-                    )
-                raise injected(fault.status, fault.message, r.kind.names, r.name)
+                raise fault.error(r, self.user)
 
     def _other(self, request: Request) -> Response:
         if request.path in ("/healthz", "/livez", "/readyz"):
@@ -294,4 +251,4 @@ class FakeKubeAPI(KubeAPIHelpers):
         return json_response(200, document)
 
 
-__all__ = ["FakeKubeAPI", "Fault", "RecordedRequest"]
+__all__ = ["FakeKubeAPI"]

@@ -164,6 +164,8 @@ class HTTPServer:
                 conn.start_next_cycle()
         except (_Closed, h11.ProtocolError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             return
+        except Exception:  # one connection's failure must not end the others
+            log.exception("kubeapi_connection_failed", port=self.port)
         finally:
             self._streams.discard(stream)
             with anyio.CancelScope(shield=True):

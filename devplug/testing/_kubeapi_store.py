@@ -17,21 +17,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 
-from devplug.testing._kubeapi_meta import validate_claim_status, validate_claim_update, validate_object_meta
 from devplug.testing._kubeapi_patch import apply as apply_patch
-from devplug.testing._kubeapi_schema import decode
 from devplug.testing._kubeapi_status import (
     OPTIMISTIC_LOCK,
     APIError,
-    FieldError,
     already_exists,
     bad_request,
-    cannot_decode,
     conflict,
-    invalid_object,
     not_found,
 )
-from devplug.testing._kubeapi_validation import decode_errors, drop_disabled_fields, validate_slice
+from devplug.testing._kubeapi_strategy import decode_body, prepare_create, prepare_update, validate
 
 if TYPE_CHECKING:
     from devplug.testing._kubeapi_resources import Kind
@@ -122,48 +117,6 @@ class Store:
 
     # -- writes ----------------------------------------------------------------------------------
 
-    def _decode(self, kind: Kind, body: Any, *, strict: bool) -> list[str]:
-        if not isinstance(body, dict):
-            raise cannot_decode(
-                kind.names, "json: cannot unmarshal non-object into Go value of type " + kind.names.kind
-            )
-        api_version, kind_name = body.get("apiVersion"), body.get("kind")
-        if api_version not in (None, "", kind.api_version):
-            raise bad_request(
-                f"the API version in the data ({api_version}) does not match the expected API version "
-                f"({kind.api_version})"
-            )
-        if kind_name not in (None, "", kind.names.kind):
-            raise bad_request(
-                f"the kind in the data ({kind_name}) does not match the expected kind ({kind.names.kind})"
-            )
-        decoded = decode(kind.plural, body)
-        if decoded.type_error:
-            raise cannot_decode(kind.names, decoded.type_error)
-        unknown = [f'unknown field "{path}"' for path in decoded.unknown]
-        if unknown and strict:
-            raise cannot_decode(kind.names, "strict decoding error: " + ", ".join(unknown))
-        if kind.plural == "resourceslices" and (errors := decode_errors(body)):
-            raise cannot_decode(kind.names, errors[0])
-        body["apiVersion"], body["kind"] = kind.api_version, kind.names.kind
-        body.setdefault("metadata", {})
-        return unknown
-
-    def _validate(
-        self, kind: Kind, new: dict[str, Any], old: dict[str, Any] | None, subresource: str
-    ) -> None:
-        errors: list[FieldError]
-        if kind.plural == "resourceslices":
-            errors = validate_slice(new, old)
-        elif subresource == "status" and kind.plural == "resourceclaims" and old is not None:
-            errors = validate_claim_status(new, old)
-        else:
-            errors = validate_object_meta(new["metadata"], namespaced=kind.namespaced)
-            if kind.plural == "resourceclaims" and old is not None:
-                errors += validate_claim_update(new, old)
-        if errors:
-            raise invalid_object(kind.names, new["metadata"].get("name", ""), errors)
-
     def create(
         self,
         kind: Kind,
@@ -175,7 +128,7 @@ class Store:
         uid: str | None = None,
     ) -> tuple[dict[str, Any], list[str]]:
         """POST: the created object and the warnings (unknown fields dropped); ``uid`` for test helpers."""
-        warnings = self._decode(kind, body, strict=strict)
+        warnings = decode_body(kind, body, strict=strict)
         meta = body["metadata"]
         if kind.namespaced:
             if meta.get("namespace") not in (None, "", namespace):
@@ -189,11 +142,8 @@ class Store:
             meta.pop(server_owned, None)
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = self._generate_name(kind, namespace, meta["generateName"])
-        if kind.plural == "resourceclaims":
-            body.pop("status", None)
-        if kind.plural == "resourceslices":
-            drop_disabled_fields(body, device_taints=self.device_taints)
-        self._validate(kind, body, None, "")
+        prepare_create(kind, body, device_taints=self.device_taints)
+        validate(kind, body, None, "")
         if _key(meta.get("namespace", ""), meta["name"]) in self.objects[kind.plural]:
             raise already_exists(kind.names, meta["name"])
         if meta.get("resourceVersion"):
@@ -228,7 +178,7 @@ class Store:
         dry_run: bool = False,
     ) -> tuple[dict[str, Any], list[str]]:
         """PUT: the stored object and the warnings."""
-        warnings = self._decode(kind, body, strict=strict)
+        warnings = decode_body(kind, body, strict=strict)
         meta = body["metadata"]
         if meta.get("name", "") != name:
             raise bad_request(
@@ -246,40 +196,13 @@ class Store:
             raise conflict(kind.names, name, why)
         if meta.get("resourceVersion") and meta["resourceVersion"] != old_meta["resourceVersion"]:
             raise conflict(kind.names, name, OPTIMISTIC_LOCK)
-        new = self._prepare_update(kind, body, old, subresource)
-        self._validate(kind, new, old, subresource)
+        new = prepare_update(kind, body, old, subresource, device_taints=self.device_taints)
+        validate(kind, new, old, subresource)
         if _same(new, old):  # a no-op write keeps the resourceVersion and sends no event
             return old, warnings
         if dry_run:
             return new, warnings
         return self._commit("MODIFIED", kind, new, old), warnings
-
-    def _prepare_update(
-        self, kind: Kind, new: dict[str, Any], old: dict[str, Any], subresource: str
-    ) -> dict[str, Any]:
-        meta, old_meta = new["metadata"], old["metadata"]
-        if subresource == "status":
-            # Status writes change nothing but the status (ResetObjectMetaForStatus).
-            new = {**old, "status": new.get("status")}
-            if new["status"] is None:
-                del new["status"]
-            new["metadata"] = copy.deepcopy(old_meta)
-            return new
-        for kept in ("uid", "creationTimestamp", "deletionTimestamp", "generation", "namespace"):
-            if kept in old_meta:
-                meta[kept] = old_meta[kept]
-            else:
-                meta.pop(kept, None)
-        meta["resourceVersion"] = old_meta["resourceVersion"]
-        if kind.status:  # the main resource cannot change the status
-            new.pop("status", None)
-            if "status" in old:
-                new["status"] = copy.deepcopy(old["status"])
-        if kind.plural == "resourceslices":
-            drop_disabled_fields(new, device_taints=self.device_taints)
-        if kind.tracks_generation and new.get("spec") != old.get("spec"):
-            meta["generation"] = old_meta.get("generation", 0) + 1
-        return new
 
     def patch(
         self,

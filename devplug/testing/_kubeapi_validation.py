@@ -5,8 +5,8 @@ a driver name is a DNS subdomain of at most 63 bytes; a pool name at most 253 by
 subdomains joined by ``/``; exactly one of nodeName, nodeSelector, allNodes and
 perDeviceNodeSelection; at most 128 devices (64 if any has taints or consumesCounters), named by
 unique DNS labels; at most 32 attributes and capacities per device; attribute values with exactly
-one of int, bool, string and version; at most 16 taints per device. Capacity and counter values
-that are not quantities cannot be decoded at all (400, not 422): :func:`decode_errors`.
+one of int, bool, string and version; at most 16 taints per device. (Capacity and counter values
+that are not quantities cannot be decoded at all: 400, not 422, in ``_kubeapi_strategy``.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from devplug.testing._kubeapi_meta import immutable, validate_object_meta
 from devplug.testing._kubeapi_names import (
-    QUANTITY_ERROR,
     c_identifier,
     dns_label,
     dns_subdomain,
@@ -23,7 +22,6 @@ from devplug.testing._kubeapi_names import (
     is_dns1123_subdomain,
     is_label_value,
     is_qualified_name,
-    is_quantity,
     is_semver,
     qualified_attribute_name,
 )
@@ -57,8 +55,6 @@ _NODE_SELECTOR_OPERATORS = ["DoesNotExist", "Exists", "Gt", "In", "Lt", "NotIn"]
 _ONE_OF = "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required"
 _PER_DEVICE = "`nodeName`, `nodeSelector` and `allNodes` can only be set if `perDeviceNodeSelection` is set to true in the ResourceSlice spec"  # noqa: E501
 _PER_DEVICE_ONE_OF = "exactly one of `nodeName`, `nodeSelector`, or `allNodes` is required when `perDeviceNodeSelection` is set to true in the ResourceSlice spec"  # noqa: E501
-# Alpha list-valued attributes (DRAListTypeAttributes, 1.36): off by default, so dropped.
-LIST_ATTRIBUTE_FIELDS = ("bools", "ints", "strings", "versions")
 
 
 def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[FieldError]:
@@ -93,36 +89,6 @@ def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None = None) -> li
             )
         )
     return errors
-
-
-def decode_errors(obj: dict[str, Any]) -> list[str]:
-    """What keeps a slice from being decoded: capacity and counter values that are not quantities."""
-    spec = obj.get("spec") or {}
-    values: list[Any] = []
-    for device in spec.get("devices") or []:
-        values += [c.get("value") for c in (device.get("capacity") or {}).values() if isinstance(c, dict)]
-        for consumption in device.get("consumesCounters") or []:
-            values += [
-                c.get("value") for c in (consumption.get("counters") or {}).values() if isinstance(c, dict)
-            ]
-    for counter_set in spec.get("sharedCounters") or []:
-        values += [
-            c.get("value") for c in (counter_set.get("counters") or {}).values() if isinstance(c, dict)
-        ]
-    return [QUANTITY_ERROR for v in values if v is not None and not is_quantity(v)][:1]
-
-
-def drop_disabled_fields(obj: dict[str, Any], *, device_taints: bool) -> None:
-    """Remove what a default API server drops on write: list attributes; taints without DRADeviceTaints."""
-    for device in (obj.get("spec") or {}).get("devices") or []:
-        if not isinstance(device, dict):
-            continue
-        if not device_taints:
-            device.pop("taints", None)
-        for attribute in (device.get("attributes") or {}).values():
-            if isinstance(attribute, dict):
-                for key in LIST_ATTRIBUTE_FIELDS:
-                    attribute.pop(key, None)
 
 
 def _pool(pool: dict[str, Any]) -> list[FieldError]:
