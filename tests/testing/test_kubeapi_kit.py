@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import httpx2
 
+Body = dict[str, Any]
 DRIVER = "gpu.example.com"
 NODE = "node-1"
 
@@ -41,6 +43,24 @@ def slice_body(
         body["spec"]["nodeName"] = node
     body["spec"].update(spec)
     return body
+
+
+def with_devices(*devices: Body) -> Callable[[Body], None]:
+    def change(body: Body) -> None:
+        body["spec"]["devices"] = list(devices)
+
+    return change
+
+
+def pool(**fields: Any) -> Callable[[Body], None]:
+    def change(body: Body) -> None:
+        body["spec"]["pool"].update(fields)
+
+    return change
+
+
+def taint(key: str = "example.com/hot", effect: str | None = "NoSchedule", **more: Any) -> Body:
+    return {"key": key, **({"effect": effect} if effect else {}), **more}
 
 
 def raw(url: str) -> httpx2.AsyncClient:
