@@ -11,6 +11,7 @@ any other program.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from typing import NoReturn
 
@@ -44,6 +45,27 @@ def _load(target: str) -> object:
     return obj
 
 
+_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def _split_run(args: list[str]) -> tuple[str, list[str]]:
+    """The MODULE:CLASS target and the runner options around it, in any order.
+
+    ``devplug run --api dra mod:Class`` and ``devplug run mod:Class --api dra`` are the same:
+    the target is the first argument shaped like one (an option's value such as ``:8080`` is
+    not).
+    """
+    for index, arg in enumerate(args):
+        if _TARGET.fullmatch(arg):
+            return arg, args[:index] + args[index + 1 :]
+    wrong = next((a for a in args if not a.startswith("-")), None)
+    _fail(
+        f"expected MODULE:CLASS, got {wrong!r}"
+        if wrong
+        else "the following arguments are required: MODULE:CLASS"
+    )
+
+
 def _cmd_run(target: str, rest: list[str]) -> int:
     obj = _load(target)
     prog = f"devplug run {target}"
@@ -68,15 +90,20 @@ def main(argv: list[str] | None = None) -> int:
         add_help=False,
     )
     run_parser.add_argument("target", metavar="MODULE:CLASS")
-    sub.add_parser(
+    demo_parser = sub.add_parser(
         "demo",
         help="watch a fake kubelet and a fake plugin talk: registration, allocation, health, restart",
     )
+    demo_parser.add_argument(
+        "--dra",
+        action="store_true",
+        help="the same plugin as a DRA driver: slices published, a claim prepared, a wipe restored",
+    )
     inspect_parser = _inspect.add_parser(sub)
     conformance_parser = _conformance.add_parser(sub)
+    if args[:1] == ["run"]:
+        return _cmd_run(*_split_run(args[1:]))
     known, rest = parser.parse_known_args(args)
-    if known.command == "run":
-        return _cmd_run(known.target, rest)
     if known.command == "conformance":
         # Everything after the options is the plugin's command line, its own flags included.
         return _conformance.main(known, conformance_parser)
@@ -85,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     if known.command == "demo":
         from devplug.cli import _demo
 
-        return _demo.main()
+        return _demo.main(dra=known.dra)
     if known.command == "inspect":
         return _inspect.main(known, inspect_parser)
     parser.error(f"unknown command {known.command}")
