@@ -64,8 +64,10 @@ class FakeKubeAPI(KubeAPIHelpers):
     omitted; a continued list reads the current state, not the first page's snapshot; a watch
     from a future resourceVersion waits instead of failing; the 64-device limit's message and
     the devices-or-sharedCounters rule's text are approximations; alpha fields other than list
-    attributes (dropped) are kept; ResourceClaims are validated for metadata, spec
-    immutability and status rules only. The DRADeviceTaints feature gate is ``device_taints``.
+    attributes (dropped) are kept; the ``spec.pool.name`` field selector (1.37) is served;
+    ResourceClaims are validated for metadata, spec immutability and status rules only;
+    :meth:`allocate_claim` evaluates no CEL selectors or device classes. The DRADeviceTaints
+    feature gate is ``device_taints``.
 
     Attributes:
         requests: every answered request as a :class:`RecordedRequest`.
@@ -171,12 +173,13 @@ class FakeKubeAPI(KubeAPIHelpers):
         The objects stay (as in etcd); :meth:`restore` brings the server back.
         """
         self._server.halt(reset=True)
-        log.info("kubeapi_outage", url=self.url)
+        log.info("kubeapi_outage", port=self._server.port)
 
     def restore(self) -> None:
         """Come back after :meth:`outage`, on the same port, with the same objects."""
         if not self._server.running:
             self._server.listen()
+            self._started = True
             log.info("kubeapi_restored", url=self.url)
 
     def fail(

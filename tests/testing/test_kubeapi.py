@@ -33,7 +33,7 @@ async def client(api: FakeKubeAPI) -> AsyncIterator[lightkube.AsyncClient]:
 
 
 async def create(client: lightkube.AsyncClient, **kwargs: object) -> ResourceSlice:
-    return await client.create(ResourceSlice.from_dict(slice_body(**kwargs)))  # type: ignore[arg-type]
+    return await client.create(ResourceSlice.from_dict(slice_body(**kwargs)))
 
 
 async def test_lifecycle_kubeconfig_and_discovery(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ async def test_list_with_field_and_label_selectors(api: FakeKubeAPI, client: lig
     await client.create(ResourceSlice.from_dict(labelled))
 
     async def names(**kwargs: object) -> list[str]:
-        return [s.metadata.name async for s in client.list(ResourceSlice, **kwargs)]  # type: ignore[call-overload]
+        return [s.metadata.name async for s in client.list(ResourceSlice, **kwargs)]
 
     assert await names(fields={"spec.nodeName": NODE}) == ["a", "b"]
     assert await names(fields={"spec.nodeName": NODE, "spec.driver": DRIVER}) == ["a"]
@@ -131,7 +131,7 @@ async def test_list_with_field_and_label_selectors(api: FakeKubeAPI, client: lig
 async def test_update_conflicts_on_a_stale_resource_version(client: lightkube.AsyncClient) -> None:
     first = await create(client)
     fresh = await client.get(ResourceSlice, "s1")
-    fresh.spec.devices.append(device("gpu-1"))  # type: ignore[arg-type]
+    fresh.spec.devices.append(device("gpu-1"))
     updated = await client.replace(fresh)
     assert updated.metadata.generation == 2  # the spec changed
     first.spec.devices = []
@@ -258,3 +258,22 @@ async def test_unknown_fields_are_dropped_with_a_warning_or_refused_when_strict(
     assert warned.status_code == 201
     assert warned.headers.get_list("Warning") == ['299 - "unknown field \\"spec.devices[0].colour\\""']
     assert "colour" not in json.dumps(api.slices())
+
+
+async def test_methods_paths_and_names_the_api_server_refuses(api: FakeKubeAPI) -> None:
+    body = slice_body("s1")
+    async with raw(api.url) as http:
+        missing = await http.put(f"{SLICES}/s1", json=body)
+        on_item = await http.post(f"{SLICES}/s1", json=body)
+        assert (await post_slice(http, body)).status_code == 201
+        renamed = await http.put(f"{SLICES}/other", json=body)
+        unknown = await http.get("/apis/resource.k8s.io/v1/deviceclasses")
+    assert missing.status_code == 404
+    assert missing.json()["message"] == 'resourceslices.resource.k8s.io "s1" not found'
+    assert on_item.status_code == 405
+    assert on_item.json()["reason"] == "MethodNotAllowed"
+    assert renamed.status_code == 400
+    assert (
+        renamed.json()["message"] == "the name of the object (s1) does not match the name on the URL (other)"
+    )
+    assert unknown.status_code == 404

@@ -35,7 +35,7 @@ async def first(client: lightkube.AsyncClient, n: int, **kwargs: Any) -> list[tu
     """The first ``n`` events of a watch: (type, name, resourceVersion)."""
     seen: list[tuple[str, str, int]] = []
     with anyio.fail_after(5):
-        async with aclosing(client.watch(ResourceSlice, **kwargs)) as events:  # type: ignore[type-var]
+        async with aclosing(client.watch(ResourceSlice, **kwargs)) as events:
             async for type_, obj in events:
                 seen.append((type_, obj.metadata.name, int(obj.metadata.resourceVersion)))
                 if len(seen) == n:
