@@ -17,7 +17,7 @@ from devplug._main import run
 from devplug.checks import HostPathError
 from devplug.errors import ConfigError, DevplugError, KubeletError, RegistrationError
 from devplug.health import HealthPolicy, HealthSettings
-from devplug.models import ContainerAllocation, Device, DeviceSpec, Health, Mount, PluginOptions
+from devplug.models import ContainerAllocation, Device, DeviceSpec, Health, Mount, PluginOptions, Version
 from devplug.plugin import DevicePlugin
 from devplug.settings import Settings, load_settings
 
@@ -43,6 +43,7 @@ __all__ = [
     "ResourceStatus",
     "Runner",
     "Settings",
+    "Version",
     "__version__",
     "load_settings",
     "run",

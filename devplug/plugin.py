@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
     from devplug.cdi import CdiSpec
-    from devplug.dra.models import AllocatedDevice, Claim, OpaqueConfig, PreparedDevice
+    from devplug.models import AllocatedDevice, Claim, OpaqueConfig, PreparedDevice
 
 __all__ = ["DevicePlugin"]
 

@@ -26,7 +26,7 @@ import anyio
 from devplug._cdi_files import write_atomically
 from devplug._dra.checkpoint import PreparedClaim
 from devplug._dra.names import cdi_device, cdi_kind, claim_spec_file
-from devplug.dra.models import AllocatedDevice, Claim, OpaqueConfig, PreparedDevice
+from devplug.models import AllocatedDevice, Claim, OpaqueConfig, PreparedDevice
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from devplug.dra.models import AllocatedDevice, Claim, OpaqueConfig, PreparedDevice
+from devplug._dra.driver import DraDriver
+from devplug.models import AllocatedDevice, Claim, OpaqueConfig, PreparedDevice
 
 if TYPE_CHECKING:
     from devplug.plugin import DevicePlugin
     from devplug.settings import Settings
 
-__all__ = ["AllocatedDevice", "Claim", "OpaqueConfig", "PreparedDevice", "run", "serve"]
+__all__ = ["AllocatedDevice", "Claim", "DraDriver", "OpaqueConfig", "PreparedDevice", "run", "serve"]
 
 
 async def serve(
@@ -35,7 +36,6 @@ async def serve(
     Raises:
         ConfigError: no node name, no usable kubeconfig, a directory that cannot be created.
     """
-    from devplug._dra.driver import DraDriver
     from devplug._main import serve_with_signals
 
     driver = DraDriver([plugins] if not isinstance(plugins, list) else plugins, settings)

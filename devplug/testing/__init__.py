@@ -17,7 +17,7 @@ from devplug.testing._kubeapi_faults import Fault, RecordedRequest
 from devplug.testing._kubeapi_scheduler import AllocationError
 from devplug.testing._kubelet import FakeKubelet
 from devplug.testing._resource import Registration, ResourceView
-from devplug.testing._serving import serving
+from devplug.testing._serving import serving, serving_dra
 from devplug.testing.conformance import CHECKS, CheckResult, CheckStatus, ConformanceReport, run_conformance
 
 __all__ = [
@@ -34,4 +34,5 @@ __all__ = [
     "ResourceView",
     "run_conformance",
     "serving",
+    "serving_dra",
 ]

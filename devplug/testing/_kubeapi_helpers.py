@@ -53,6 +53,10 @@ class KubeAPIHelpers:
         )
         return obj
 
+    def nodes(self) -> list[dict[str, Any]]:
+        """The stored Nodes (copies)."""
+        return list(self._store.items(NODES))
+
     def delete_node(self, name: str) -> None:
         """Delete the Node and, as the garbage collector would, the slices it owns.
 

@@ -10,8 +10,11 @@ import anyio
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+    from pathlib import Path
 
-    from devplug import Plugins, Runner, Settings
+    from devplug import DevicePlugin, Plugins, Runner, Settings
+    from devplug.dra import DraDriver
+    from devplug.testing._kubeapi import FakeKubeAPI
     from devplug.testing._kubelet import FakeKubelet
 
 
@@ -50,4 +53,51 @@ async def serving(
         tg.start_soon(partial(runner.run, handle_signals=False))
         await runner.wait_started()
         yield runner
+        tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def serving_dra(
+    plugins: DevicePlugin | list[DevicePlugin],
+    kube_api: FakeKubeAPI,
+    kubelet_root: Path | str,
+    *,
+    node_name: str = "node-1",
+    **overrides: Any,
+) -> AsyncIterator[DraDriver]:
+    """Run ``plugins`` as a DRA driver while the block runs; stopped (as on SIGTERM) on exit.
+
+    The driver talks to ``kube_api`` (a kubeconfig is written under ``kubelet_root``), serves its
+    sockets under ``kubelet_root`` (``plugins/<driver>/`` and ``plugins_registry/``) and writes
+    CDI specs to ``<kubelet_root>/cdi`` unless ``cdi_dir`` is given. The node is added to
+    ``kube_api`` if missing. ``overrides`` are further :class:`devplug.Settings` fields, e.g.
+    ``driver_name="widget.example.com"``.
+
+    Yields the :class:`devplug.dra.DraDriver`: its ``dra_socket``, ``registration_socket``,
+    ``readiness()`` and ``debug_state()``.
+    """
+    from pathlib import Path
+
+    from devplug import Settings
+    from devplug.dra import DraDriver
+
+    root = Path(kubelet_root)
+    await anyio.Path(root).mkdir(parents=True, exist_ok=True)
+    if not any(n["metadata"]["name"] == node_name for n in kube_api.nodes()):
+        kube_api.add_node(node_name)
+    values: dict[str, Any] = {
+        "api": "dra",
+        "kubelet_root": root,
+        "node_name": node_name,
+        "kubeconfig": kube_api.write_kubeconfig(root / "kubeconfig"),
+        "cdi_dir": root / "cdi",
+        "shutdown_grace": 0.2,
+    }
+    settings = Settings(**(values | overrides))
+    driver = DraDriver(plugins if isinstance(plugins, list) else [plugins], settings)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(driver.run)
+        with anyio.fail_after(30):
+            await driver.wait_started()
+        yield driver
         tg.cancel_scope.cancel()

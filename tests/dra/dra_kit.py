@@ -88,14 +88,16 @@ async def unprepare(path: Path, *claims: tuple[str, str, str]) -> dict[str, Any]
 @asynccontextmanager
 async def health_stream(path: Path) -> AsyncIterator[Any]:
     async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
-        call = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(health_pb.NodeWatchResourcesRequest())
+        call = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+            health_pb.NodeWatchResourcesRequest()
+        )
         try:
             yield call
         finally:
             call.cancel()
 
 
-async def wait_for(predicate: Any, timeout: float = 5.0) -> None:
+async def wait_for(predicate: Any, timeout: float = 5.0) -> None:  # noqa: ASYNC109 - a test's deadline
     with anyio.fail_after(timeout):
         while not predicate():  # noqa: ASYNC110 - state on another server
             await anyio.sleep(0.01)

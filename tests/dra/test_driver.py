@@ -100,7 +100,12 @@ async def test_health_taints_and_the_health_stream(api: FakeKubeAPI, short_dir: 
         assert {d.device.device_name: d.health for d in changed.devices}["w2"] == 2  # UNHEALTHY
 
         def taints() -> list[object]:
-            return [d.get("taints") for s in api.slices(node=NODE) for d in s["spec"]["devices"] if d["name"] == "w2"]
+            return [
+                d.get("taints")
+                for s in api.slices(node=NODE)
+                for d in s["spec"]["devices"]
+                if d["name"] == "w2"
+            ]
 
         await wait_for(lambda: taints() == [[{"key": f"{DRIVER}/unhealthy", "effect": "NoSchedule"}]])
         api.add_claim("ns", "c", requests=[("w", 4)])

@@ -52,6 +52,37 @@ def test_pure_modules_have_no_grpc(module: str) -> None:
     assert not _forbidden([ROOT / "devplug" / f"{module}.py"], ("grpc", "devplug._proto", "devplug._core"))
 
 
+def test_the_device_plugin_runtime_never_imports_dra() -> None:
+    """DRA is a layer beside the device-plugin runtime: it uses _core, never the other way."""
+    assert not _forbidden(modules("devplug/_core/*.py"), ("devplug._dra", "devplug.dra", "lightkube"))
+
+
+def test_dra_runtime_never_imports_the_testing_kit_or_the_commands() -> None:
+    assert not _forbidden(modules("devplug/_dra/*.py"), ("devplug.testing", "devplug.cli"))
+
+
+def test_only_kube_talks_to_the_api_client() -> None:
+    """One module of the DRA runtime holds the client library; the rest pass plain dicts."""
+    users = {
+        str(path.relative_to(ROOT))
+        for path in modules("devplug/**/*.py")
+        if any(name.startswith(("lightkube", "httpx")) for name in imports_of(path))
+    }
+    assert {u for u in users if not u.startswith("devplug/testing/")} == {"devplug/_dra/kube.py"}
+
+
+@pytest.mark.parametrize("module", ["names", "slices", "inventory", "checkpoint"])
+def test_pure_dra_modules_have_no_grpc_and_no_client(module: str) -> None:
+    path = ROOT / "devplug" / "_dra" / f"{module}.py"
+    assert not _forbidden([path], ("grpc", "devplug._proto", "lightkube", "httpx"))
+
+
+def test_dra_models_are_pure_data() -> None:
+    assert not _forbidden(
+        [ROOT / "devplug" / "dra" / "models.py"], ("grpc", "devplug._proto", "devplug._dra")
+    )
+
+
 def test_testing_kit_uses_the_runtime_only_through_the_public_api() -> None:
     assert not _forbidden(modules("devplug/testing/*.py"), ("devplug._core",))
 
