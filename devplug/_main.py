@@ -88,7 +88,12 @@ def _dra_main(plugins: Plugins, settings: Settings) -> Callable[[], Awaitable[No
     if isinstance(plugins, PluginSource):
         raise ConfigError("a PluginSource cannot be served as a DRA driver; pass the plugins themselves")
     driver = DraDriver(_as_list(plugins), settings)
-    return partial(serve_with_signals, driver.run, driver)
+
+    async def main() -> None:
+        await driver.open()  # a configuration error is one line, before anything is served
+        await serve_with_signals(driver.serve, driver)
+
+    return main
 
 
 class _Dumps(Protocol):

@@ -96,6 +96,9 @@ class DraDriver:
         self.registration_error: str | None = None
         self.history: deque[dict[str, object]] = deque(maxlen=100)
         self._kube = kube
+        self._own_kube = False
+        self._preparer: Preparer | None = None
+        self._probe_server: ProbeServer | None = None
         self._log = log.bind(driver=self.driver, node=self.node)
         self.publisher: SlicePublisher | None = None
         self._started = anyio.Event()
@@ -172,20 +175,32 @@ class DraDriver:
     # -- running --------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Serve until cancelled."""
+        """:meth:`open`, then :meth:`serve` until cancelled."""
+        await self.open()
+        await self.serve()
+
+    async def open(self) -> None:
+        """Everything that can fail for a configuration reason, before anything is served.
+
+        Raises:
+            ConfigError: a directory that cannot be created, no usable kubeconfig, a metrics
+                address that cannot be bound.
+        """
         for directory in (self.data_dir, self.settings.plugins_registry_dir):
             try:
                 make_directories(directory)
             except OSError as exc:
                 raise ConfigError(f"cannot create the directory {directory}: {exc.strerror}") from None
         kube = self._kube or load_client(self.settings.kubeconfig)
+        self._own_kube = self._kube is None
+        self._kube = kube
         await anyio.to_thread.run_sync(self.checkpoint.load)
         if self.checkpoint.error:
             self._log.error("checkpoint_unusable", error=self.checkpoint.error)
         self.publisher = SlicePublisher(
             kube, driver=self.driver, node=self.node, inventory=self.inventory, log=self._log
         )
-        preparer = Preparer(
+        self._preparer = Preparer(
             driver=self.driver,
             node=self.node,
             inventory=self.inventory,
@@ -195,8 +210,15 @@ class DraDriver:
             log=self._log,
             lock_file=self.data_dir / "serialize.lock" if self.settings.pod_uid else None,
         )
+        self._probe_server = await self._probes()
+
+    async def serve(self) -> None:
+        """Serve until cancelled (after :meth:`open`)."""
+        assert self.publisher is not None, "open() first"
+        assert self._preparer is not None, "open() first"
+        assert self._kube is not None, "open() first"
+        kube, preparer, probes = self._kube, self._preparer, self._probe_server
         watcher = DirWatcher(self.data_dir, self.settings.plugins_registry_dir)
-        probes = await self._probes()
         try:
             async with anyio.create_task_group() as tg:
                 if probes is not None:
@@ -216,7 +238,7 @@ class DraDriver:
             with anyio.CancelScope(shield=True):
                 if probes is not None:
                     await probes.aclose()
-                if self._kube is None:
+                if self._own_kube:
                     with contextlib.suppress(Exception):
                         await kube.aclose()
 

@@ -40,6 +40,7 @@ def load_client(kubeconfig: Path | None) -> Kube:
         ConfigError: no usable configuration (one line saying which file and why).
     """
     import lightkube
+    import yaml
     from lightkube.core.exceptions import ConfigError as LightkubeConfigError
 
     try:
@@ -47,15 +48,27 @@ def load_client(kubeconfig: Path | None) -> Kube:
             config = lightkube.KubeConfig.from_file(kubeconfig)
         else:
             config = lightkube.KubeConfig.from_env()
-    except (OSError, LightkubeConfigError, ValueError, KeyError) as exc:
+        client = lightkube.AsyncClient(config, field_manager="devplug")
+    except (
+        OSError,
+        LightkubeConfigError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        yaml.YAMLError,
+    ) as exc:
         where = (
             f"kubeconfig {kubeconfig}"
             if kubeconfig is not None
             else "no in-cluster service account and no kubeconfig"
         )
-        detail = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        raise ConfigError(f"{where}: {detail} (pass --kubeconfig FILE)") from None
-    return Kube(lightkube.AsyncClient(config, field_manager="devplug"))
+        detail = getattr(exc, "strerror", None) or str(exc).splitlines()[0] or type(exc).__name__
+        if isinstance(exc, yaml.YAMLError | TypeError | AttributeError | KeyError):
+            detail = f"not a kubeconfig file ({type(exc).__name__}: {detail})"
+        hint = "" if kubeconfig is not None else " (pass --kubeconfig FILE)"
+        raise ConfigError(f"{where}: {detail}{hint}") from None
+    return Kube(client)
 
 
 class Kube:

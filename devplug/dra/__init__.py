@@ -39,7 +39,8 @@ async def serve(
     from devplug._main import serve_with_signals
 
     driver = DraDriver([plugins] if not isinstance(plugins, list) else plugins, settings)
-    await serve_with_signals(driver.run, driver, handle=handle_signals)
+    await driver.open()
+    await serve_with_signals(driver.serve, driver, handle=handle_signals)
 
 
 def run(

@@ -153,6 +153,44 @@ CASES = [
     Case("labels-sleep-interval", (*LABELS, "--sleep-interval", "0s"), ("greater than 0",)),
     Case("labels-unknown-flag", (*LABELS, "--bogus"), ("unrecognized arguments: --bogus",)),
     Case("labels-env", LABELS, ("GFD_ONESHOT", "expected true or false"), env={"GFD_ONESHOT": "maybe"}),
+    # DRA mode: names, the node, the API server's configuration.
+    Case(
+        "dra-no-node",
+        (*FAKE, "--api", "dra", "--kubelet-root", "{d}/k"),
+        ("no node name", "--node-name", "NODE_NAME"),
+    ),
+    Case(
+        "dra-driver-name",
+        (*FAKE, "--api", "dra", "--driver-name", "Fake_Driver", "--node-name", "n1"),
+        ("invalid setting driver_name", "DNS subdomain"),
+    ),
+    Case(
+        "dra-node-name",
+        (*RUN, "--api", "dra", "--node-name", "Node One"),
+        ("invalid setting node_name", "DNS subdomain"),
+    ),
+    Case(
+        "dra-node-name-env",
+        (*FAKE, "--api", "dra", "--kubelet-root", "{d}/k"),
+        ("invalid setting node_name",),
+        env={"NODE_NAME": "under_score"},
+    ),
+    Case(
+        "dra-api-typo",
+        (*FAKE, "--api", "dra2"),
+        ("invalid setting api", "device-plugin", "dra"),
+    ),
+    Case(
+        "dra-kubeconfig-missing",
+        (*RUN, "--api", "dra", "--node-name", "n1", "--kubelet-root", "{d}/k", "--kubeconfig", "{d}/kc.yaml"),
+        ("kubeconfig", "kc.yaml"),
+    ),
+    Case(
+        "dra-kubeconfig-garbage",
+        (*FAKE, "--api=dra", "--node-name=n1", "--kubelet-root={d}/k", "--kubeconfig={d}/kc.yaml"),
+        ("kubeconfig", "kc.yaml"),
+        files={"kc.yaml": "this: [is not a kubeconfig\n"},
+    ),
 ]
 
 # Found by this table, outside the code these tests may change; kept as strict xfails so that a
