@@ -134,7 +134,8 @@ class SocketServer:
         check: Callable[[Path], Awaitable[None]] | None = None,
     ) -> None:
         """``check`` dials the new socket as its client will (default: a device plugin's
-        GetDevicePluginOptions) and raises grpc.aio.AioRpcError if it does not answer."""
+        GetDevicePluginOptions) and raises grpc.aio.AioRpcError or TimeoutError if it does not
+        answer."""
         self.path = path
         self._add_services = add_services
         self._check = check or self_dial
@@ -166,16 +167,15 @@ class SocketServer:
         self._identity = file_identity(self.path)
         try:
             await self._check(self.path)
-        except grpc.aio.AioRpcError as exc:
+        except (grpc.aio.AioRpcError, TimeoutError) as exc:
             if not self.alive():
                 # A restarting kubelet deleted the socket already; the caller sees the socket
                 # is gone and starts over, as after any deletion.
                 log.info("socket_deleted_while_starting", socket=str(self.path))
                 return
             await self.stop(0)
-            raise SocketUnavailableError(
-                f"{self.path} does not answer its own call: {exc.code().name}"
-            ) from None
+            why = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else "no answer within 2 s"
+            raise SocketUnavailableError(f"{self.path} does not answer its own call: {why}") from None
 
     def alive(self) -> bool:
         """True while the socket file is still the one this server created."""

@@ -1,0 +1,97 @@
+"""devplug-fake --api dra as a real process: probes, metrics, a claim, SIGTERM at any moment."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from devplug.testing import FakeKubeAPI
+from tests.dra.dra_kit import NODE, notify, prepare, unprepare
+from tests.metrics.probing import free_port, get, plugin
+
+pytestmark = pytest.mark.anyio
+
+DRIVER = "fake.example.com"
+
+
+def args(root: Path, kubeconfig: Path, *extra: str) -> list[str]:
+    return [
+        "--api", "dra", "--driver-name", DRIVER, "--node-name", NODE,
+        "--kubeconfig", str(kubeconfig), "--kubelet-root", str(root / "k"),
+        "--cdi-dir", str(root / "cdi"), "--count", "4", *extra,
+    ]  # fmt: skip
+
+
+async def test_probes_metrics_and_a_claim(short_dir: Path) -> None:
+    port = free_port()
+    dra_socket = short_dir / "k" / "plugins" / DRIVER / "dra.sock"
+    registration = short_dir / "k" / "plugins_registry" / f"{DRIVER}-reg.sock"
+    async with FakeKubeAPI() as api:
+        api.add_node(NODE)
+        kubeconfig = api.write_kubeconfig(short_dir / "kc")
+        log = short_dir / "driver.log"
+        async with plugin(
+            log, "devplug_fake", *args(short_dir, kubeconfig, "--metrics-address", f"127.0.0.1:{port}")
+        ):
+            await api.wait_for_slices(node=NODE, driver=DRIVER, count=1, timeout=15)
+            status, _, body = await get(port, "/readyz")
+            assert status == 503
+            assert b"not registered" in body
+            await notify(registration)
+            with anyio.fail_after(5):
+                while (await get(port, "/readyz"))[0] != 200:
+                    await anyio.sleep(0.05)
+            api.add_claim("ns", "c", requests=[("fake", 2)])
+            uid = api.allocate_claim("ns", "c", node=NODE, driver=DRIVER, count=2)["metadata"]["uid"]
+            assert (await prepare(dra_socket, ("ns", "c", uid)))[uid].error == ""
+            assert (await prepare(dra_socket, ("ns", "missing", "u-2")))["u-2"].error
+            assert (await unprepare(dra_socket, ("ns", "c", uid)))[uid].error == ""
+            _, _, text = await get(port, "/metrics")
+            samples = {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text.decode())
+                for s in family.samples
+            }
+            method = (("driver", DRIVER), ("method", "NodePrepareResources"))
+            assert samples[("devplug_dra_requests_total", method)] == 2
+            assert samples[("devplug_dra_claim_errors_total", method)] == 1
+            assert samples[("devplug_dra_resourceslices", (("driver", DRIVER),))] == 1
+            assert samples[("devplug_dra_devices", (("driver", DRIVER), ("health", "Healthy")))] == 4
+            assert samples[("devplug_dra_registration", (("driver", DRIVER),))] == 1
+            assert samples[("devplug_ready", ())] == 1
+            state = json.loads((await get(port, "/debug/state"))[2])
+            assert state["api"] == "dra"
+            assert state["slices"]["in_sync"] is True
+            api.wipe_slices(NODE)  # a kubelet start
+            await api.wait_for_slices(node=NODE, driver=DRIVER, count=1, timeout=5)
+        # plugin() sent SIGTERM and checked the exit status 0; the sockets must be gone.
+        assert not dra_socket.exists()
+        assert not registration.exists()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.3, 0.8])
+async def test_sigterm_at_any_moment_exits_0_and_leaves_no_socket(short_dir: Path, delay: float) -> None:
+    import sys
+
+    async with FakeKubeAPI() as api:
+        api.add_node(NODE)
+        kubeconfig = api.write_kubeconfig(short_dir / "kc")
+        process = await anyio.open_process(
+            [sys.executable, "-m", "devplug_fake", *args(short_dir, kubeconfig), "--log-format", "json"]
+        )
+        async with process:
+            await anyio.sleep(delay)
+            process.send_signal(signal.SIGTERM)
+            started = time.monotonic()
+            with anyio.fail_after(5):
+                code = await process.wait()
+        assert code in (0, -signal.SIGTERM)  # before Python installs its handlers: the default action
+        assert time.monotonic() - started < 2
+        leftovers = [p.name for p in (short_dir / "k").rglob("*.sock")] if (short_dir / "k").exists() else []
+        assert leftovers == []
