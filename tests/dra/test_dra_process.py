@@ -45,7 +45,7 @@ async def test_probes_metrics_and_a_claim(short_dir: Path) -> None:
             assert b"not registered" in body
             await notify(registration)
             with anyio.fail_after(5):
-                while (await get(port, "/readyz"))[0] != 200:
+                while (await get(port, "/readyz"))[0] != 200:  # noqa: ASYNC110 - another process
                     await anyio.sleep(0.05)
             api.add_claim("ns", "c", requests=[("fake", 2)])
             uid = api.allocate_claim("ns", "c", node=NODE, driver=DRIVER, count=2)["metadata"]["uid"]
