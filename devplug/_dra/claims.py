@@ -374,6 +374,9 @@ def _distinct(claims: Sequence[ClaimRef]) -> tuple[list[ClaimRef], dict[str, Out
     unique: dict[str, ClaimRef] = {}
     outcomes: dict[str, Outcome] = {}
     for ref in claims:
+        if not (ref.uid and ref.namespace and ref.name):
+            outcomes[ref.uid] = Outcome(error=f"claim {ref} (UID {ref.uid!r}) lacks a UID, namespace or name")
+            continue
         first = unique.setdefault(ref.uid, ref)
         if first != ref:
             outcomes[ref.uid] = Outcome(
