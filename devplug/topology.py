@@ -16,7 +16,21 @@ import re
 import stat
 from pathlib import Path
 
-__all__ = ["char_device_numa_node", "dev_numa_node", "normalize_pci_bus_id", "pci_numa_node"]
+__all__ = [
+    "PCIE_ROOT_ATTRIBUTE",
+    "PCI_BUS_ID_ATTRIBUTE",
+    "char_device_numa_node",
+    "dev_numa_node",
+    "normalize_pci_bus_id",
+    "pci_numa_node",
+    "pcie_root",
+]
+
+PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+"""The standard DRA attribute naming a device's PCIe root complex (``pci0000:00``): claims use it
+to ask for devices behind one root (``matchAttribute``)."""
+PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
+"""The standard DRA attribute holding a device's PCI bus ID (``0000:3b:00.0``)."""
 
 DEFAULT_SYSFS = Path("/sys")
 
@@ -54,6 +68,26 @@ def pci_numa_node(bus_id: str, *, sysfs: str | os.PathLike[str] = DEFAULT_SYSFS)
     """
     device = Path(sysfs) / "bus" / "pci" / "devices" / normalize_pci_bus_id(bus_id)
     return _read_numa_node(device / "numa_node")
+
+
+def pcie_root(bus_id: str, *, sysfs: str | os.PathLike[str] = DEFAULT_SYSFS) -> str | None:
+    """The PCIe root complex of a PCI device (``pci0000:00``), or None when sysfs does not say.
+
+    ``<sysfs>/bus/pci/devices/<bus id>`` links to the device's place in the hierarchy,
+    ``.../devices/pci0000:00/0000:00:01.0/0000:3b:00.0``; the root is the ``pci...`` element.
+    Give it as ``attributes={PCIE_ROOT_ATTRIBUTE: root}`` to publish it to DRA.
+
+    Raises:
+        ValueError: ``bus_id`` is not a PCI bus ID.
+    """
+    link = Path(sysfs) / "bus" / "pci" / "devices" / normalize_pci_bus_id(bus_id)
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return None
+    return next(
+        (part for part in Path(target).parts if re.fullmatch(r"pci[0-9a-f]{4,8}:[0-9a-f]{2}", part)), None
+    )
 
 
 def char_device_numa_node(

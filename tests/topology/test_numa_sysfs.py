@@ -83,3 +83,17 @@ def test_dev_node_without_topology(tmp_path: Path) -> None:
     regular.write_text("")
     assert dev_numa_node(regular, sysfs=tmp_path) is None  # not a device node
     assert Device(id="x", numa_node=dev_numa_node("/dev/null", sysfs=tmp_path)).numa_nodes == ()
+
+
+def test_pcie_root_from_the_device_link(tmp_path: Path) -> None:
+    from devplug.topology import PCIE_ROOT_ATTRIBUTE, pcie_root
+
+    real = tmp_path / "devices" / "pci0000:3a" / "0000:3a:00.0" / "0000:3b:00.0"
+    real.mkdir(parents=True)
+    links = tmp_path / "bus" / "pci" / "devices"
+    links.mkdir(parents=True)
+    (links / "0000:3b:00.0").symlink_to(Path("../../../devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0"))
+    assert pcie_root("00000000:3B:00.0", sysfs=tmp_path) == "pci0000:3a"
+    assert pcie_root("0000:99:00.0", sysfs=tmp_path) is None
+    assert PCIE_ROOT_ATTRIBUTE == "resource.kubernetes.io/pcieRoot"
+    assert Device(id="g", attributes={PCIE_ROOT_ATTRIBUTE: "pci0000:3a"}).attributes
