@@ -3,7 +3,10 @@
 ``FakeKubelet`` serves ``v1beta1.Registration`` on a real unix socket, validates and answers
 registrations with the kubelet's texts, dials plugins back, follows their ListAndWatch streams
 and offers the calls the kubelet makes (Allocate, GetPreferredAllocation, PreStartContainer),
-restarts and the plugin-watcher path. The pytest plugin (``devplug.testing.pytest_plugin``,
+restarts and the plugin-watcher path. With ``dra=True`` it is also the kubelet's DRA manager:
+DRA drivers register through the plugin watcher, and the kubelet's NodePrepareResources,
+NodeUnprepareResources and health stream are offered, with the ResourceSlice wipes of a
+:class:`FakeKubeAPI`. The pytest plugin (``devplug.testing.pytest_plugin``,
 loaded automatically) adds a ``fake_kubelet`` fixture; :func:`serving` runs a plugin in the
 background of a test against it. :func:`run_conformance` runs a plugin command against a
 private fake kubelet and checks what the kubelet relies on.
@@ -12,6 +15,7 @@ Apart from :func:`serving`, this package talks to plugins only over gRPC: it doe
 devplug's runtime, so it tests plugins written with anything.
 """
 
+from devplug.testing._dra_resource import ClaimDevice, ClaimResult, DraInstance, DraRegistration, HealthReport
 from devplug.testing._kubeapi import FakeKubeAPI
 from devplug.testing._kubeapi_faults import Fault, RecordedRequest
 from devplug.testing._kubeapi_scheduler import AllocationError
@@ -25,10 +29,15 @@ __all__ = [
     "AllocationError",
     "CheckResult",
     "CheckStatus",
+    "ClaimDevice",
+    "ClaimResult",
     "ConformanceReport",
+    "DraInstance",
+    "DraRegistration",
     "FakeKubeAPI",
     "FakeKubelet",
     "Fault",
+    "HealthReport",
     "RecordedRequest",
     "Registration",
     "ResourceView",

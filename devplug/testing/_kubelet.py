@@ -15,6 +15,10 @@ import structlog
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug.models import PluginOptions
 from devplug.testing._actions import KubeletActions
+from devplug.testing._dra_kubelet import DraActions
+from devplug.testing._dra_manager import DraManager
+from devplug.testing._dra_validation import DRA_PLUGIN_TYPE
+from devplug.testing._dra_watcher import DraRegistrar
 from devplug.testing._manager import ConnectError, DeviceManager
 from devplug.testing._resource import Registration
 from devplug.testing._rpc import registration_server
@@ -30,10 +34,12 @@ from devplug.testing._watcher import PluginWatcher
 if TYPE_CHECKING:
     from types import TracebackType
 
+    from devplug.testing._kubeapi import FakeKubeAPI
+
 log = structlog.get_logger(__name__)
 
 
-class FakeKubelet(KubeletActions):
+class FakeKubelet(DraActions, KubeletActions):
     """A kubelet device manager that plugins register with, over real gRPC on unix sockets.
 
     It validates and answers ``Register`` with the kubelet's error texts, dials the plugin back
@@ -41,6 +47,16 @@ class FakeKubelet(KubeletActions):
     ListAndWatch per connection and the device table it implies, and restarts the way a
     kubelet does: every socket in the directory deleted and ``kubelet.sock`` created afresh.
     With ``plugins_registry_dir`` it also runs the plugin watcher.
+
+    With ``dra=True`` (and ``plugins_registry_dir``) it is also the kubelet's DRA manager
+    (>= 1.34): the watcher registers ``DRAPlugin`` sockets (the first service of the plugin's
+    list that the kubelet knows, an endpoint used twice refused), keeps a connection to each
+    instance and a health stream, calls NodePrepareResources / NodeUnprepareResources
+    (:meth:`prepare`, :meth:`unprepare`) and checks the answers as the kubelet does. Given a
+    ``kube_api`` (:class:`FakeKubeAPI`), it deletes every ResourceSlice of ``node_name`` at
+    each (re)start, and a driver's slices of the node ``wipe_delay`` seconds after it became
+    unusable (no instance connected), unless one connects in time. A restart registers the
+    sockets of ``plugins_registry_dir`` afresh and forgets the prepared claims.
 
     Use it as an async context manager (or ``start()``/``stop()``), on anyio's asyncio backend.
     The timeouts the kubelet uses are attributes, so a test may shorten them on an instance:
@@ -56,13 +72,21 @@ class FakeKubelet(KubeletActions):
     closed before the new one takes over (kubelets 1.26-1.35 leave it open, and its end may
     disconnect the new one: kubernetes issue 121994); the plugin watcher looks at the top level
     of ``plugins_registry_dir`` only, and refuses a relative endpoint at once instead of timing
-    out dialling it.
+    out dialling it. In DRA mode: the start-up wipe is done before the watcher runs (the
+    kubelet does it in the background) and acts on the FakeKubeAPI's store directly, so API
+    outages and injected faults do not delay it; health streams are opened on v1alpha1 when
+    the plugin does not advertise v1 (as 1.34-1.36, which open it even when not advertised);
+    the health cache is not checkpointed; a relative DRA endpoint is refused at registration
+    (the kubelet would never connect); there are no pods: :meth:`prepare` takes the claims (no
+    claim is read from the API, nothing is skipped as already prepared), and refuses a device
+    without pool or device name (the kubelet stores it as it comes).
 
     Attributes:
         device_plugin_dir: the absolute device-plugin directory.
         socket_path: ``<device_plugin_dir>/kubelet.sock``.
         plugins_registry_dir: the absolute plugin-watcher directory, or ``None``.
         sync_register: kubelet >= 1.26 behaviour (``True``) or <= 1.25 (``False``).
+        node_name: the node whose ResourceSlices the DRA mode wipes.
     """
 
     dial_timeout: float = 10.0
@@ -75,11 +99,20 @@ class FakeKubelet(KubeletActions):
         *,
         plugins_registry_dir: Path | str | None = None,
         sync_register: bool = True,
+        dra: bool = False,
+        kube_api: FakeKubeAPI | None = None,
+        node_name: str = "node-1",
     ) -> None:
         """Prepare a kubelet for ``device_plugin_dir``; nothing is created until ``start()``.
 
+        Args:
+            dra: also be the DRA manager (needs ``plugins_registry_dir``).
+            kube_api: the API server whose ResourceSlices of ``node_name`` the DRA manager wipes.
+            node_name: this kubelet's node.
+
         Raises:
-            ValueError: a socket path would exceed the 107 bytes AF_UNIX allows.
+            ValueError: a socket path would exceed the 107 bytes AF_UNIX allows; DRA mode
+                without ``plugins_registry_dir``; ``kube_api`` without ``dra``.
         """
         self.device_plugin_dir = Path(device_plugin_dir).absolute()
         self.socket_path = self.device_plugin_dir / KUBELET_SOCKET
@@ -88,6 +121,12 @@ class FakeKubelet(KubeletActions):
         if self.plugins_registry_dir is not None:
             check_unix_path(str(self.plugins_registry_dir / "x.sock"))
         self.sync_register = sync_register
+        if dra and self.plugins_registry_dir is None:
+            raise ValueError("the DRA mode needs plugins_registry_dir: DRA drivers register there")
+        if kube_api is not None and not dra:
+            raise ValueError("kube_api is for the DRA mode: pass dra=True")
+        self.node_name = node_name
+        self._dra = DraManager(self, kube_api, node_name) if dra else None
         self._manager = DeviceManager()
         self._server: grpc.aio.Server | None = None
         self._service: asyncio.Task[None] | None = None
@@ -116,6 +155,8 @@ class FakeKubelet(KubeletActions):
         self.device_plugin_dir.mkdir(parents=True, exist_ok=True)
         _remove_sockets(self.device_plugin_dir)
         self._manager.reset()
+        if self._dra is not None:
+            self._dra.start()
         # Background work lives in a task of its own, not in the caller's task group, so that
         # stop() and restart() may be called from any task and inside any cancel scope.
         ready = anyio.Event()
@@ -140,9 +181,13 @@ class FakeKubelet(KubeletActions):
         try:
             async with anyio.create_task_group() as tg:
                 self._manager.task_group = tg
+                handlers = None
+                if self._dra is not None:
+                    self._dra.task_group = tg
+                    handlers = {DRA_PLUGIN_TYPE: DraRegistrar(self._dra)}
                 if self.plugins_registry_dir is not None:
                     self.plugins_registry_dir.mkdir(parents=True, exist_ok=True)
-                    watcher = PluginWatcher(self.plugins_registry_dir, self._manager, self)
+                    watcher = PluginWatcher(self.plugins_registry_dir, self._manager, self, handlers)
                     await tg.start(watcher.run)
                 ready.set()
                 await stopping.wait()
@@ -154,6 +199,8 @@ class FakeKubelet(KubeletActions):
             raise
         finally:
             self._manager.task_group = None
+            if self._dra is not None:
+                self._dra.task_group = None
             ready.set()
 
     async def stop(self, *, crash: bool = False) -> None:
@@ -173,6 +220,8 @@ class FakeKubelet(KubeletActions):
             if service is not None:
                 await asyncio.wait([service])
             await self._manager.close_all()
+            if self._dra is not None:
+                await self._dra.close_all()
             if not crash:
                 self.socket_path.unlink(missing_ok=True)
         log.info("kubelet_stopped", socket=str(self.socket_path))

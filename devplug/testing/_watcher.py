@@ -1,9 +1,11 @@
-"""The kubelet's plugin watcher, for device plugins: sockets in ``plugins_registry/`` register themselves.
+"""The kubelet's plugin watcher: sockets in ``plugins_registry/`` register themselves.
 
 For each socket that appears (or is there at start) the kubelet dials it, asks GetInfo
 (one second), validates the answer, connects to the advertised endpoint through the device
 manager and reports the outcome with NotifyRegistrationStatus. A failure before the plugin is
 known to the kubelet is retried with a doubling back-off; deleting the socket deregisters it.
+Type ``DevicePlugin`` is handled here; type ``DRAPlugin`` by a :class:`TypeHandler` when the
+kubelet has one (:mod:`devplug.testing._dra_watcher`).
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from devplug.testing._rpc import DialError, RegistrationInfoClient, dial
 from devplug.testing._validation import DEVICE_PLUGIN_TYPE, go_rpc_error, validate_plugin_info
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
     from pathlib import Path
 
     from anyio.abc import TaskGroup, TaskStatus
 
+    from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
     from devplug.testing._manager import DeviceManager
     from devplug.testing._resource import Endpoint
 
@@ -46,6 +50,8 @@ class _Socket:
     inode: int
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     endpoint: Endpoint | None = None
+    # Set once a plugin of another type is known to the kubelet: what deletion deregisters.
+    known: tuple[TypeHandler, str, str] | None = None
 
 
 class Timeouts(Protocol):
@@ -55,13 +61,39 @@ class Timeouts(Protocol):
     get_info_timeout: float
 
 
-class PluginWatcher:
-    """Watches one plugins_registry directory for device-plugin registration sockets."""
+class TypeHandler(Protocol):
+    """The kubelet's handler for another plugin type (``DRAPlugin``), after GetInfo answered."""
 
-    def __init__(self, directory: Path, manager: DeviceManager, timeouts: Timeouts) -> None:
+    async def handshake(
+        self,
+        path: str,
+        client: RegistrationInfoClient,
+        info: reg_pb.PluginInfo,
+        known: Callable[[str, str], None],
+    ) -> bool:
+        """Validate, register and notify; ``False`` to be tried again later."""
+
+    def failed(self, path: str, error: str) -> None:
+        """An attempt failed before GetInfo answered."""
+
+    async def deregister(self, driver: str, endpoint: str) -> None:
+        """The registration socket of a known plugin was deleted."""
+
+
+class PluginWatcher:
+    """Watches one plugins_registry directory for registration sockets."""
+
+    def __init__(
+        self,
+        directory: Path,
+        manager: DeviceManager,
+        timeouts: Timeouts,
+        handlers: Mapping[str, TypeHandler] | None = None,
+    ) -> None:
         self.directory = directory
         self._manager = manager
         self._timeouts = timeouts
+        self._handlers = handlers or {}
         self._sockets: dict[Path, _Socket] = {}
         self._tg: TaskGroup | None = None
 
@@ -110,6 +142,9 @@ class PluginWatcher:
         if socket.endpoint is not None:
             log.info("plugin_deregistered", socket=str(socket.path), resource=socket.endpoint.resource)
             self._task_group.start_soon(self._manager.disconnect, socket.endpoint)
+        if socket.known is not None:
+            handler, name, endpoint = socket.known
+            self._task_group.start_soon(handler.deregister, name, endpoint)
 
     @property
     def _task_group(self) -> TaskGroup:
@@ -130,9 +165,9 @@ class PluginWatcher:
         try:
             channel = await dial(path, within=self._timeouts.dial_timeout)
         except DialError as exc:
-            self._record(
-                "", path, "", None, f"RegisterPlugin error -- dial failed at socket {path}, err: {exc}"
-            )
+            error = f"RegisterPlugin error -- dial failed at socket {path}, err: {exc}"
+            self._record("", path, "", None, error)
+            self._unknown_type_failed(path, error)
             return False
         try:
             return await self._handshake(socket, RegistrationInfoClient(channel))
@@ -152,7 +187,21 @@ class PluginWatcher:
                 f"at socket {path}, err: {rpc}"
             )
             self._record("", path, "", None, error)
+            self._unknown_type_failed(path, error)
             return False
+        handler = self._handlers.get(info.type)
+        if handler is not None:
+
+            def known(name: str, endpoint: str) -> None:
+                socket.known = (handler, name, endpoint)
+
+            return await handler.handshake(path, client, info, known)
+        return await self._device_plugin(socket, client, info)
+
+    async def _device_plugin(
+        self, socket: _Socket, client: RegistrationInfoClient, info: reg_pb.PluginInfo
+    ) -> bool:
+        path = str(socket.path)
         name, versions = info.name, ",".join(info.supported_versions)
         endpoint = info.endpoint or path  # empty: the registration socket serves DevicePlugin too
         if info.type != DEVICE_PLUGIN_TYPE:
@@ -191,6 +240,11 @@ class PluginWatcher:
         self._record(name, endpoint, versions, connected.options, notify_error, accepted=True)
         log.info("plugin_registered", resource=name, socket=path, endpoint=endpoint)
         return True
+
+    def _unknown_type_failed(self, path: str, error: str) -> None:
+        # Before GetInfo answers, the plugin's type is unknown: every handler hears of it.
+        for handler in self._handlers.values():
+            handler.failed(path, error)
 
     async def _notify(
         self, client: RegistrationInfoClient, path: str, registered: bool, error: str

@@ -20,6 +20,9 @@ from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
+from devplug.testing import FakeKubeAPI, FakeKubelet
+from tests.testing.dra_driver import NODE as DRA_NODE
+from tests.testing.dra_driver import RawDraDriver
 
 Context = grpc.aio.ServicerContext[Any, Any]
 RawList = list[tuple[str, str, tuple[int, ...]]]
@@ -242,3 +245,46 @@ def make_plugin(plugins: list[RawPlugin]) -> Callable[..., Awaitable[RawPlugin]]
         return await plugin.start() if serve else plugin
 
     return make
+
+
+# -- DRA: a fake API server, a fake kubelet in DRA mode, raw DRA drivers ------------------------------
+
+MakeDraDriver = Callable[..., Awaitable[RawDraDriver]]
+
+
+@pytest.fixture
+async def dra_api() -> AsyncIterator[FakeKubeAPI]:
+    """A started FakeKubeAPI with the node ``node-1``."""
+    async with FakeKubeAPI() as api:
+        api.add_node(DRA_NODE)
+        yield api
+
+
+@pytest.fixture
+async def dra_kubelet(short_dir: Path, dra_api: FakeKubeAPI) -> AsyncIterator[FakeKubelet]:
+    """A started FakeKubelet in DRA mode for ``node-1`` of ``dra_api``, with directories in ``short_dir``."""
+    kubelet = FakeKubelet(
+        short_dir / "device-plugins",
+        plugins_registry_dir=short_dir / "plugins_registry",
+        dra=True,
+        kube_api=dra_api,
+        node_name=DRA_NODE,
+    )
+    async with kubelet:
+        yield kubelet
+
+
+@pytest.fixture
+async def make_dra_driver(short_dir: Path) -> AsyncIterator[MakeDraDriver]:
+    """Make a RawDraDriver under ``short_dir`` (``name`` picks its plugin directory), started unless
+    ``serve_now=False``; stopped at the end."""
+    started: list[RawDraDriver] = []
+
+    async def make(name: str = "a", *, serve_now: bool = True, **kwargs: Any) -> RawDraDriver:
+        driver = RawDraDriver(short_dir / "plugins" / name, short_dir / "plugins_registry", **kwargs)
+        started.append(driver)
+        return await driver.start() if serve_now else driver
+
+    yield make
+    for driver in started:
+        await driver.stop()
