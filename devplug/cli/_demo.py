@@ -7,8 +7,6 @@ process, and they speak gRPC over unix sockets exactly as on a node.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import signal
 import subprocess
@@ -20,6 +18,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import anyio
 
+from devplug.cli._narration import Narrator, write_state
 from devplug.logging import configure as configure_logging
 from devplug.models import Health
 from devplug.testing import FakeKubelet
@@ -30,29 +29,6 @@ if TYPE_CHECKING:
 RESOURCE = "example.com/fake"
 
 
-class _Narrator:
-    def __init__(self, out: TextIO, pace: float) -> None:
-        self.out = out
-        self.pace = pace
-        self.color = out.isatty() and "NO_COLOR" not in os.environ
-        self.started = time.monotonic()
-
-    async def pause(self) -> None:
-        """Give a person watching time to read the last step (timings are taken before it)."""
-        await anyio.sleep(self.pace)
-
-    def _paint(self, code: str, text: str) -> str:
-        return f"\033[{code}m{text}\033[0m" if self.color else text
-
-    def step(self, text: str) -> None:
-        clock = self._paint("2", f"{time.monotonic() - self.started:6.2f}s")
-        print(f"{clock} {self._paint('32', '✓')} {text}", file=self.out, flush=True)
-
-    def detail(self, text: str) -> None:
-        for line in text.splitlines():
-            print(f"          {self._paint('2', line)}", file=self.out, flush=True)
-
-
 def _table(devices: tuple[Device, ...]) -> str:
     rows = [("ID", "HEALTH", "NUMA")] + [
         (d.id, d.health.value, ",".join(map(str, d.numa_nodes)) or "-") for d in devices
@@ -61,21 +37,14 @@ def _table(devices: tuple[Device, ...]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
-def _write_state(path: Path, devices: list[dict[str, object]]) -> None:
-    # Write a new file and rename it into place, the way a careful writer updates state.
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"devices": devices}))
-    os.replace(tmp, path)
-
-
 async def _flap_health(
-    kubelet: FakeKubelet, state_file: Path, devices: list[dict[str, object]], say: _Narrator
+    kubelet: FakeKubelet, state_file: Path, devices: list[dict[str, object]], say: Narrator
 ) -> None:
     """fake-2 Unhealthy through the state file, then Healthy again, timed at the kubelet."""
     for health in ("Unhealthy", "Healthy"):
         devices[2]["health"] = health
         changed = time.monotonic()
-        _write_state(state_file, devices)
+        write_state(state_file, devices)
         wanted = Health(health)
         await kubelet.wait_for_devices(RESOURCE, lambda ds: ds[2].health is wanted)  # noqa: B023
         say.step(
@@ -87,13 +56,13 @@ async def _flap_health(
 
 
 async def _demo(workdir: Path, out: TextIO, pace: float) -> None:
-    say = _Narrator(out, pace)
+    say = Narrator(out, pace)
     dp_dir = workdir / "device-plugins"
     state_file = workdir / "devices.json"
     devices: list[dict[str, object]] = [
         {"id": f"fake-{i}", "health": "Healthy", "numa_node": i % 2} for i in range(4)
     ]
-    _write_state(state_file, devices)
+    write_state(state_file, devices)
     say.step(f"work directory {workdir}")
 
     async with FakeKubelet(dp_dir) as kubelet:
@@ -153,11 +122,16 @@ async def _demo(workdir: Path, out: TextIO, pace: float) -> None:
                     raise RuntimeError("the plugin did not shut down cleanly; see its log above")
 
 
-def main(out: TextIO | None = None, pace: float | None = None) -> int:
+def main(out: TextIO | None = None, pace: float | None = None, *, dra: bool = False) -> int:
     """Run the demo; returns the exit status (0 on success).
 
     ``pace``: seconds to pause after the main steps; default 0.8 on a terminal, 0 otherwise.
+    ``dra``: the DRA story instead (:mod:`devplug.cli._demo_dra`).
     """
+    if dra:
+        from devplug.cli import _demo_dra
+
+        return _demo_dra.main(out, pace)
     stream = out or sys.stdout
     if pace is None:
         pace = 0.8 if stream.isatty() else 0.0

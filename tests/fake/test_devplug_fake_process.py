@@ -147,3 +147,31 @@ def test_demo_runs_and_leaves_nothing_behind() -> None:
     workdir = re.search(r"work directory (\S+)", out)
     assert workdir is not None
     assert not Path(workdir.group(1)).exists()
+
+
+def test_dra_demo_runs_and_leaves_nothing_behind() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "devplug", "demo", "--dra"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for step in (
+        "registered fake.example.com through fake.example.com-reg.sock, service v1.DRAPlugin",
+        "ResourceSlices published: 1 slice, pool demo-node generation 1",
+        "NodePrepareResources answered",
+        "fake-2 marked Unhealthy: the kubelet's health stream saw it",
+        "taint published",
+        "taint removed",
+        "slices restored by the driver",
+        "the same answer, from the checkpoint",
+        "CDI spec removed",
+        "driver exited with 0, sockets removed",
+    ):
+        assert step in out, step
+    workdir = re.search(r"work directory (\S+)", out)
+    assert workdir is not None
+    assert not Path(workdir.group(1)).exists()
