@@ -9,7 +9,8 @@ NodeUnprepareResources and health stream are offered, with the ResourceSlice wip
 :class:`FakeKubeAPI`. The pytest plugin (``devplug.testing.pytest_plugin``,
 loaded automatically) adds a ``fake_kubelet`` fixture; :func:`serving` runs a plugin in the
 background of a test against it. :func:`run_conformance` runs a plugin command against a
-private fake kubelet and checks what the kubelet relies on.
+private fake kubelet and checks what the kubelet relies on; :func:`run_dra_conformance` does the
+same for a DRA driver.
 
 Apart from :func:`serving`, this package talks to plugins only over gRPC: it does not depend on
 devplug's runtime, so it tests plugins written with anything.
@@ -22,10 +23,19 @@ from devplug.testing._kubeapi_scheduler import AllocationError
 from devplug.testing._kubelet import FakeKubelet
 from devplug.testing._resource import Registration, ResourceView
 from devplug.testing._serving import serving, serving_dra
-from devplug.testing.conformance import CHECKS, CheckResult, CheckStatus, ConformanceReport, run_conformance
+from devplug.testing.conformance import (
+    CHECKS,
+    DRA_CHECKS,
+    CheckResult,
+    CheckStatus,
+    ConformanceReport,
+    run_conformance,
+    run_dra_conformance,
+)
 
 __all__ = [
     "CHECKS",
+    "DRA_CHECKS",
     "AllocationError",
     "CheckResult",
     "CheckStatus",
@@ -42,6 +52,7 @@ __all__ = [
     "Registration",
     "ResourceView",
     "run_conformance",
+    "run_dra_conformance",
     "serving",
     "serving_dra",
 ]

@@ -11,6 +11,10 @@ mistakes real plugins made. Plugin authors run them from the command line
 
 The checks assume the plugin's device set does not change while they run (they change nothing
 themselves), and that the plugin registers through ``kubelet.sock`` (not the plugin watcher).
+
+:func:`run_dra_conformance` does the same for a DRA driver (``devplug conformance --dra -- CMD``),
+against a private FakeKubelet in DRA mode and a FakeKubeAPI, with the checks of
+:data:`DRA_CHECKS`.
 """
 
 from __future__ import annotations
@@ -19,17 +23,27 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from devplug.testing._conformance import Session
+from devplug.testing._dra_conformance import DraSession
+from devplug.testing._dra_judges import DRA_CHECKS
 from devplug.testing._judges import CHECKS, CheckStatus
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-__all__ = ["CHECKS", "CheckResult", "CheckStatus", "ConformanceReport", "run_conformance"]
+__all__ = [
+    "CHECKS",
+    "DRA_CHECKS",
+    "CheckResult",
+    "CheckStatus",
+    "ConformanceReport",
+    "run_conformance",
+    "run_dra_conformance",
+]
 
 
 class _Frozen(BaseModel):
@@ -40,7 +54,7 @@ class CheckResult(_Frozen):
     """The outcome of one check."""
 
     name: str
-    """One of :data:`CHECKS`."""
+    """One of :data:`CHECKS` (:data:`DRA_CHECKS` for a DRA driver)."""
     status: CheckStatus
     """``"pass"``, ``"fail"``, or ``"skip"`` (not applicable, or an earlier step failed)."""
     reason: str
@@ -51,13 +65,16 @@ class ConformanceReport(_Frozen):
     """Every check's result for one run of a plugin command."""
 
     command: tuple[str, ...]
-    """The command as started (``{dir}`` substituted)."""
+    """The command as started (placeholders substituted)."""
     resource: str | None
-    """The resource checked (the first one registered unless chosen); ``None`` if none registered."""
+    """The resource checked (the first one registered unless chosen), or for a DRA driver the
+    driver name; ``None`` if none registered."""
     results: tuple[CheckResult, ...]
-    """One result per check, in the order of :data:`CHECKS`."""
+    """One result per check, in the order of :data:`CHECKS` (:data:`DRA_CHECKS`)."""
     output_tail: str = ""
     """The end of the plugin's stdout and stderr, for finding out why a check failed."""
+    api: Literal["deviceplugin", "dra"] = "deviceplugin"
+    """Which protocol was checked: a device plugin or a DRA driver."""
 
     @property
     def passed(self) -> bool:
@@ -130,6 +147,86 @@ async def run_conformance(
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def run_dra_conformance(
+    command: Sequence[str],
+    *,
+    driver: str | None = None,
+    node_name: str = "node-1",
+    env: Mapping[str, str] | None = None,
+    timeout: float = 10.0,
+    directory: Path | str | None = None,
+) -> ConformanceReport:
+    """Start the DRA driver ``command`` against a private FakeKubeAPI and FakeKubelet, check it, stop it.
+
+    The driver may be written in any language: it is told where things are the way a DaemonSet
+    tells it. The environment has ``NODE_NAME`` (``node_name``, a Node of the fake API server)
+    and ``KUBECONFIG`` (a kubeconfig for the fake API server), and, for drivers built on
+    devplug, ``DEVPLUG_KUBELET_ROOT`` and ``DEVPLUG_CDI_DIR``. In the arguments, ``{kubelet_root}``
+    (the kubelet's root: ``plugins_registry/`` and ``plugins/`` are in it), ``{kubeconfig}``,
+    ``{node}`` and ``{cdi_dir}`` (where the checks look for CDI specs) are replaced. The
+    kubelet behaves like kubelet >= 1.34. The driver is stopped with SIGTERM at the end (and
+    killed, with its process group, if it does not exit within 2 s).
+
+    Args:
+        command: the driver's command line.
+        driver: the driver to check; default: the first that registers.
+        node_name: the node the driver serves.
+        env: extra environment for the command (on top of this process's).
+        timeout: seconds to wait for the registration, the slices and the first health report.
+        directory: where to make the temporary directory (default ``/tmp``: unix socket paths
+            are limited to 107 bytes); it is removed afterwards.
+
+    Raises:
+        OSError: the command could not be started (e.g. not found).
+        ValueError: an empty command.
+    """
+    if not command:
+        raise ValueError("no command to run")
+    root = _make_root(directory)
+    try:
+        paths = {
+            "kubelet_root": root / "kubelet",
+            "kubeconfig": root / "kubeconfig",
+            "cdi_dir": root / "cdi",
+            "log": root / "driver.log",
+        }
+        values = {
+            "{kubelet_root}": str(paths["kubelet_root"]),
+            "{kubeconfig}": str(paths["kubeconfig"]),
+            "{node}": node_name,
+            "{cdi_dir}": str(paths["cdi_dir"]),
+        }
+        argv = tuple(_substitute(arg, values) for arg in command)
+        environ = {
+            **os.environ,
+            **(env or {}),
+            "NODE_NAME": node_name,
+            "KUBECONFIG": values["{kubeconfig}"],
+            "DEVPLUG_KUBELET_ROOT": values["{kubelet_root}"],
+            "DEVPLUG_CDI_DIR": values["{cdi_dir}"],
+        }
+        session = DraSession(argv, environ, paths, driver=driver, node=node_name, timeout=timeout)
+        results = await session.run()
+        return ConformanceReport(
+            command=argv,
+            resource=session.driver,
+            results=tuple(
+                CheckResult(name=name, status=results[name][0], reason=results[name][1])
+                for name in DRA_CHECKS
+            ),
+            output_tail=session.plugin.output_tail(),
+            api="dra",
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _substitute(arg: str, values: Mapping[str, str]) -> str:
+    for placeholder, value in values.items():
+        arg = arg.replace(placeholder, value)
+    return arg
 
 
 def _make_root(directory: Path | str | None) -> Path:
