@@ -1,7 +1,8 @@
-"""``devplug conformance -- CMD ...``: run the conformance checks and print their table.
+"""``devplug conformance [--dra] -- CMD ...``: run the conformance checks and print their table.
 
-The checks themselves live in :mod:`devplug.testing.conformance`; this only parses the
-arguments and formats the report. Exit status: 0 when no check failed, 1 otherwise, 2 for
+The checks themselves live in :mod:`devplug.testing.conformance` (``run_conformance`` for device
+plugins, ``run_dra_conformance`` with ``--dra``); this only parses the arguments and formats the
+report. Exit status: 0 when no check failed, 1 otherwise, 2 for
 bad arguments (a command that cannot be started included).
 """
 
@@ -30,22 +31,33 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="run a plugin command against a private fake kubelet and check it (exit 1 on a failure)",
         description=(
             "Start CMD against a private fake kubelet and run the conformance checks. The device-plugin "
-            "directory is passed as DEVPLUG_DEVICE_PLUGIN_DIR and replaces a literal {dir} in CMD."
+            "directory is passed as DEVPLUG_DEVICE_PLUGIN_DIR and replaces a literal {dir} in CMD. "
+            "With --dra, CMD is a DRA driver, run against a private kubelet and API server: it gets "
+            "NODE_NAME and KUBECONFIG, and {kubelet_root}, {kubeconfig}, {node} and {cdi_dir} in CMD "
+            "are replaced."
         ),
-        usage="devplug conformance [options] -- CMD ...",
+        usage="devplug conformance [options] [--dra] -- CMD ...",
     )
+    parser.add_argument("--dra", action="store_true", help="CMD is a DRA driver (kubelet plugin)")
     parser.add_argument(
         "--resource", metavar="NAME", help="the resource to check (default: the first registered)"
     )
+    parser.add_argument(
+        "--driver", metavar="NAME", help="--dra: the driver to check (default: the first registered)"
+    )
+    parser.add_argument("--node", metavar="NAME", help="--dra: the node's name (default: node-1)")
     parser.add_argument(
         "--timeout",
         metavar="SECONDS",
         type=positive_seconds,
         default=10.0,
-        help="how long to wait for a registration, at start and after each kubelet restart (default: 10)",
+        help=(
+            "how long to wait for a registration, at start and after each kubelet restart; with --dra "
+            "also for the slices and the first health report (default: 10)"
+        ),
     )
     parser.add_argument(
-        "--restarts", metavar="N", type=whole_number, default=3, help="kubelet restarts in a row (default: 3)"
+        "--restarts", metavar="N", type=whole_number, help="kubelet restarts in a row (default: 3)"
     )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON document")
     parser.add_argument(
@@ -61,23 +73,33 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser, out: TextIO 
     Raises:
         SystemExit: status 2 for a missing or unstartable command (via ``parser.error``).
     """
-    from devplug.testing.conformance import run_conformance
+    from devplug.testing.conformance import run_conformance, run_dra_conformance
 
     command = list(args.cmd)
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
         parser.error("no plugin command given (devplug conformance -- CMD ...)")
+    _check_options(args, parser)
     stream = out or sys.stdout
     # The fake kubelet logs each step; the table says it better. Warnings still show.
     configure_logging("console", "warning", stream=sys.stderr)
     try:
-        report = anyio.run(
-            lambda: run_conformance(
-                command, resource=args.resource, timeout=args.timeout, restarts=args.restarts
-            ),
-            backend="asyncio",
-        )
+        if args.dra:
+            report = anyio.run(
+                lambda: run_dra_conformance(
+                    command, driver=args.driver, node_name=args.node or "node-1", timeout=args.timeout
+                ),
+                backend="asyncio",
+            )
+        else:
+            restarts = 3 if args.restarts is None else args.restarts
+            report = anyio.run(
+                lambda: run_conformance(
+                    command, resource=args.resource, timeout=args.timeout, restarts=restarts
+                ),
+                backend="asyncio",
+            )
     except OSError as exc:
         parser.error(f"cannot start {command[0]}: {exc.strerror or exc}")
     except KeyboardInterrupt:
@@ -89,12 +111,26 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser, out: TextIO 
     return 0 if report.passed else 1
 
 
+def _check_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    # An option of one kind of run is a usage error with the other.
+    if args.dra:
+        if args.resource is not None:
+            parser.error("--resource is for device plugins; with --dra, --driver names the driver")
+        if args.restarts is not None:
+            parser.error("--restarts is for device plugins, not with --dra")
+        return
+    for flag, value in (("--driver", args.driver), ("--node", args.node)):
+        if value is not None:
+            parser.error(f"{flag} goes with --dra")
+
+
 def format_report(report: ConformanceReport, *, verbose: bool = False) -> str:
     """The report as a table of check, result and reason, with a summary line."""
     width = max(len(r.name) for r in report.results)
+    subject = "driver" if report.api == "dra" else "resource"
     lines = [
         f"conformance of {' '.join(report.command)}",
-        f"resource: {report.resource or '(none registered)'}",
+        f"{subject}: {report.resource or '(none registered)'}",
         "",
     ]
     lines += [f"{_MARK[r.status]}  {r.name.ljust(width)}  {r.reason}" for r in report.results]
