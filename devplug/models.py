@@ -31,6 +31,7 @@ __all__ = [
 # a name is a C identifier of at most 32 characters, optionally behind a DNS-subdomain domain
 # of at most 63 and a slash; a string or version value has at most 64 characters.
 MAX_ATTRIBUTES = 32
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 _DOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 # Semantic Versioning 2.0.0, as the API server checks a version attribute.
@@ -116,6 +117,9 @@ class Device(_Frozen):
     capacity: dict[str, str] = Field(default_factory=dict)
     """DRA capacities by name, as Kubernetes quantities (``"40Gi"``, ``"8"``); integers are
     accepted and written as quantities."""
+    name: str | None = None
+    """DRA: the device's name in ResourceSlices (a DNS label, e.g. ``gpu-0``); default: derived
+    from ``id`` (kept when it is a DNS label already)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -134,6 +138,13 @@ class Device(_Frozen):
         if any(n < 0 for n in nodes):
             raise ValueError("NUMA node IDs are non-negative host node numbers")
         return nodes
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, name: str | None) -> str | None:
+        if name is not None and not _LABEL.fullmatch(name):
+            raise ValueError(f"{name!r} is not a DNS label (lowercase letters, digits and '-', at most 63)")
+        return name
 
     @field_validator("attributes")
     @classmethod
@@ -167,15 +178,8 @@ class Device(_Frozen):
         return self
 
     def __hash__(self) -> int:
-        return hash(
-            (
-                self.id,
-                self.health,
-                self.numa_nodes,
-                tuple(self.attributes.items()),
-                tuple(self.capacity.items()),
-            )
-        )
+        attributes, capacity = tuple(self.attributes.items()), tuple(self.capacity.items())
+        return hash((self.id, self.health, self.numa_nodes, attributes, capacity, self.name))
 
     @property
     def healthy(self) -> bool:

@@ -52,6 +52,10 @@ class DevicePlugin(abc.ABC):
     settings_class: ClassVar[type[Settings]] = Settings
     """What ``devplug run MODULE:CLASS`` parses: a :class:`Settings` subclass adds the plugin's
     own options, and :meth:`from_settings` builds the plugin from them."""
+    dra_standard_attributes: ClassVar[bool] = True
+    """DRA: publish devplug's own attributes with every device (``id``: the device ID,
+    ``resourceName``, ``numaNode``: the first NUMA node). Off for a driver whose attribute set
+    must match another implementation's exactly."""
     remove_cdi_spec_on_stop: bool = False
     """Remove the file written for :meth:`cdi_spec` when the resource stops. Off by default:
     containers that restart after the plugin has stopped still need their devices' edits."""

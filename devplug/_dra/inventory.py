@@ -7,6 +7,7 @@ whoever waits for a newer version (the slice publisher, every health stream).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -68,14 +69,24 @@ class Inventory:
         """Make ``devices`` plugin ``index``'s part; False when nothing changed.
 
         Raises:
-            ValueError: duplicate device IDs (the set is refused, the last one kept).
+            ValueError: duplicate device IDs, or two devices under one DRA name (the set is
+                refused, the last one kept).
         """
+        ids = Counter(d.id for d in devices)
+        if len(ids) != len(devices):
+            raise ValueError(f"duplicate device IDs: {', '.join(sorted(i for i, n in ids.items() if n > 1))}")
+        entries: list[Entry] = []
+        for i, (plugin, prefix, part) in enumerate(
+            zip(self.plugins, self._prefixes, self.parts, strict=True)
+        ):
+            listed = devices if i == index else part.current.devices
+            entries.extend(Entry(d.name or device_name(d.id, prefix), d, plugin) for d in listed)
+        by_name = {e.name: e for e in entries}
+        if len(by_name) != len(entries):
+            clash = sorted(n for n, c in Counter(e.name for e in entries).items() if c > 1)
+            raise ValueError(f"several devices share the DRA device name {', '.join(clash)}")
         if not self.parts[index].publish(devices):
             return False
-        entries: list[Entry] = []
-        for plugin, prefix, part in zip(self.plugins, self._prefixes, self.parts, strict=True):
-            entries.extend(Entry(device_name(d.id, prefix), d, plugin) for d in part.current.devices)
-        by_name = {e.name: e for e in entries}
         complete = all(p.current.version > 0 for p in self.parts)
         self._snapshot = Snapshot(self._snapshot.version + 1, tuple(entries), by_name, complete)
         changed, self._changed = self._changed, anyio.Event()

@@ -59,12 +59,12 @@ def device_entry(entry: Entry, driver: str, *, taint_unhealthy: bool) -> dict[st
         ValueError: the device's attributes and capacities pass the API's limit of 32.
     """
     device = entry.device
-    attributes: dict[str, Any] = {
-        ID_ATTRIBUTE: {"string": device.id},
-        RESOURCE_ATTRIBUTE: {"string": entry.resource},
-    }
-    if device.numa_nodes:
-        attributes[NUMA_ATTRIBUTE] = {"int": device.numa_nodes[0]}
+    attributes: dict[str, Any] = {}
+    if entry.plugin.dra_standard_attributes:
+        attributes[ID_ATTRIBUTE] = {"string": device.id}
+        attributes[RESOURCE_ATTRIBUTE] = {"string": entry.resource}
+        if device.numa_nodes:
+            attributes[NUMA_ATTRIBUTE] = {"int": device.numa_nodes[0]}
     attributes.update((name, attribute(value)) for name, value in device.attributes.items())
     if len(attributes) + len(device.capacity) > MAX_ATTRIBUTES:
         raise ValueError(

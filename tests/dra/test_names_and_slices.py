@@ -196,3 +196,21 @@ def test_several_resources_get_prefixed_names() -> None:
     assert sorted(inventory.current.by_name) == ["gadget-w0", "widget-w0"]
     with pytest.raises(ValueError, match="duplicate"):
         inventory.update(0, [Device(id="a"), Device(id="a")])
+
+
+def test_explicit_names_and_no_standard_attributes() -> None:
+    class Exact(Widgets):
+        dra_standard_attributes = False
+
+    inventory = Inventory([Exact()])
+    inventory.update(0, [Device(id="GPU-1", name="gpu-0", attributes={"type": "gpu"})])
+    (entry,) = inventory.current.entries
+    assert entry.name == "gpu-0"
+    assert device_entry(entry, "gpu.nvidia.com", taint_unhealthy=True)["attributes"] == {
+        "type": {"string": "gpu"}
+    }
+    with pytest.raises(ValueError, match="share the DRA device name gpu-0"):
+        inventory.update(0, [Device(id="a", name="gpu-0"), Device(id="b", name="gpu-0")])
+    assert inventory.current.entries == (entry,)  # the last good set is kept
+    with pytest.raises(ValueError, match="not a DNS label"):
+        Device(id="x", name="GPU_0")
