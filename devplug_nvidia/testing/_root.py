@@ -1,7 +1,8 @@
 """Writes the files a fake machine's host would have under one root directory.
 
 ``<root>/proc/driver/nvidia-caps/mig-minors``, ``<root>/sys/bus/pci/devices/<bus>/{numa_node,class}``,
-``<root>/dev/nvidia*`` stand-ins (plain empty files), and a user-space driver of the model's
+``<root>/sys/class/dmi/id/product_name`` (the model's name), ``<root>/dev/nvidia*`` stand-ins
+(plain empty files), and a user-space driver of the model's
 version: libraries (``libnvidia-ml.so.1`` and ``lib*.so.<version>``) under
 ``<root>/usr/lib/x86_64-linux-gnu``, binaries under ``<root>/usr/bin``, GSP firmware and the
 persistenced socket, so discovery, Allocate and CDI specs can be pointed at it.
@@ -39,6 +40,8 @@ DRIVER_LIBRARIES = (
     "libnvidia-opticalflow.so",
 )
 """Libraries written as ``<name>.<driver version>`` (plus ``vdpau/libvdpau_nvidia.so.<version>``)."""
+PRODUCT_NAME_FILE = "sys/class/dmi/id/product_name"
+"""The DMI product name (gpu-feature-discovery's machine type), relative to the root."""
 DRIVER_BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control")
 GSP_FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 
@@ -75,6 +78,9 @@ def write_root(model: MachineModel, root: str | os.PathLike[str]) -> Path:
         device.mkdir(parents=True, exist_ok=True)
         (device / "numa_node").write_text(f"{-1 if spec.numa_node is None else spec.numa_node}\n")
         (device / "class").write_text(f"0x{spec.pci_class:06x}\n")
+    product_name = base / PRODUCT_NAME_FILE
+    product_name.parent.mkdir(parents=True, exist_ok=True)
+    product_name.write_text(f"{model.name}\n")
     dev = base / "dev"
     (dev / "nvidia-caps").mkdir(parents=True, exist_ok=True)
     nodes = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"]

@@ -153,7 +153,7 @@ def test_graphics_mode_and_missing_class(tmp_path: Path) -> None:
     assert (
         read_node_labels(settings, module=FakeNvml(model), sysfs=sysfs)["nvidia.com/gpu.mode"] == "graphics"
     )
-    for path in sysfs.rglob("class"):
+    for path in sysfs.glob("bus/pci/devices/*/class"):
         path.unlink()
     assert read_node_labels(settings, module=FakeNvml(model), sysfs=sysfs)["nvidia.com/gpu.mode"] == "unknown"
 
