@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 __all__ = [
     "AllocatedDevice",
     "AttributeValue",
+    "CdiSpecFile",
     "Claim",
     "ContainerAllocation",
     "Device",
@@ -307,6 +308,34 @@ class OpaqueConfig(_Frozen):
         return not self.requests or request in self.requests or request.partition("/")[0] in self.requests
 
 
+_SPEC_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,250}\.(json|yaml)")
+
+
+class CdiSpecFile(_Frozen):
+    """A CDI spec file that devplug writes for a prepared claim, on behalf of ``prepare_claim``.
+
+    Written (atomically) into the CDI directory before the kubelet is answered and recorded in
+    the driver's checkpoint with the claim: a repeated prepare writes it again when it has gone
+    missing (a reboot empties ``/var/run/cdi``), and unprepare removes it.
+    """
+
+    name: str
+    """The file's name in the CDI directory, ending in ``.json`` or ``.yaml`` (the format of
+    ``text``), e.g. ``k8s.gpu.nvidia.com-claim_<uid>.yaml``; no directories."""
+    text: str
+    """The file's content."""
+
+    @field_validator("name")
+    @classmethod
+    def _file_name(cls, name: str) -> str:
+        if not _SPEC_FILE.fullmatch(name):
+            raise ValueError(
+                f"{name!r} is not a CDI spec file name: letters, digits, '.', '_' and '-', "
+                "ending in .json or .yaml, no directories"
+            )
+        return name
+
+
 class PreparedDevice(_Frozen):
     """What :meth:`~devplug.DevicePlugin.prepare_claim` returns per allocated device."""
 
@@ -317,3 +346,7 @@ class PreparedDevice(_Frozen):
     cdi_device_ids: tuple[str, ...] = ()
     """Fully qualified CDI device names (``vendor.com/class=name``) the runtime applies to every
     container that uses the device; their specs must exist before the container starts."""
+    cdi_spec: CdiSpecFile | None = None
+    """A spec file defining ``cdi_device_ids`` for devplug to write, keep and remove with the
+    claim (instead of the hook writing one itself). Devices of one claim may carry the same
+    file (same name, same text); a claim has at most one such file."""

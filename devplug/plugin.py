@@ -117,8 +117,10 @@ class DevicePlugin(abc.ABC):
         and claim configs meant for this driver (class first, then claim: later entries win).
         Return None for devplug's default preparation (``allocate`` per request, written as a
         CDI spec for the claim), or one :class:`PreparedDevice` per device with the CDI names
-        it needs. The answer is checkpointed: a repeated prepare of the claim returns it again
-        without calling this hook. Raising fails the claim's preparation with the message.
+        it needs (and, in ``cdi_spec``, the spec file defining them, for devplug to write, keep
+        and remove with the claim). The answer is checkpointed: a repeated prepare of the claim
+        returns it again without calling this hook (rewriting a handed-over spec file that has
+        gone missing). Raising fails the claim's preparation with the message.
         """
         return None
 

@@ -4,7 +4,8 @@ Prepare: read every claim from the API server (outside the lock), check its UID 
 allocated, keep this driver's results and configs, then under the driver's lock: answer again
 what the checkpoint holds (writing a CDI spec that has gone missing), or prepare afresh
 (the plugin's ``prepare_claim``, else ``allocate`` once per request written as one CDI spec for
-the claim), checkpoint, answer. Unprepare: under the lock, from the checkpoint alone.
+the claim; a hook may hand over its own spec file, written and kept the same way), checkpoint,
+answer. Unprepare: under the lock, from the checkpoint alone.
 
 Every claim asked for gets an entry, an error of one claim never fails the others, and the
 process never crashes on a request. A prepare that was already running when its claim was
@@ -26,7 +27,7 @@ import anyio
 from devplug._cdi_files import write_atomically
 from devplug._dra.checkpoint import PreparedClaim
 from devplug._dra.names import cdi_device, cdi_kind, claim_spec_file
-from devplug.models import AllocatedDevice, Claim, OpaqueConfig, PreparedDevice
+from devplug.models import AllocatedDevice, CdiSpecFile, Claim, OpaqueConfig, PreparedDevice
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -156,6 +157,7 @@ class Preparer:
             by_plugin.setdefault(id(entries[device.name].plugin), []).append(device)
         full = Claim(uid=ref.uid, namespace=ref.namespace, name=ref.name, resource_claim=claim)
         edits: dict[str, ContainerAllocation] = {}
+        own_spec: CdiSpecFile | None = None  # a spec file a prepare_claim hook handed over
         try:
             for key, group in by_plugin.items():
                 plugin = plugins[key]
@@ -168,10 +170,9 @@ class Preparer:
                     prepared = await self._default(plugin, ref, group, edits)
                 record.devices.extend(_answer(self.node, group, prepared))
                 record.resources.append(plugin.resource_name)
-            if edits:
-                spec = _claim_spec(self.driver, ref.uid, edits)
-                record.spec_file = claim_spec_file(self.driver, ref.uid)
-                record.spec_text = spec.to_json()
+                own_spec = _handed_spec(ref, own_spec, prepared)
+            _record_spec(record, self.driver, ref, edits, own_spec)
+            if record.spec_file:
                 await anyio.to_thread.run_sync(self._write_spec, record)
             self.checkpoint.claims[ref.uid] = record
             try:
@@ -387,6 +388,44 @@ def _distinct(claims: Sequence[ClaimRef]) -> tuple[list[ClaimRef], dict[str, Out
 
 def _covers(config: OpaqueConfig, devices: list[AllocatedDevice]) -> bool:
     return any(config.applies_to(d.request) for d in devices)
+
+
+def _handed_spec(
+    ref: ClaimRef, found: CdiSpecFile | None, prepared: Sequence[PreparedDevice]
+) -> CdiSpecFile | None:
+    """The one spec file ``prepared`` (and the earlier answers, ``found``) hand over, if any."""
+    for item in prepared:
+        spec = item.cdi_spec
+        if spec is None or spec == found:
+            continue
+        if found is not None:
+            raise ClaimError(
+                f"claim {ref}: prepare_claim handed over two CDI specs ({found.name} and "
+                f"{spec.name}, or two texts of one file); a claim has one spec file"
+            )
+        found = spec
+    return found
+
+
+def _record_spec(
+    record: PreparedClaim,
+    driver: str,
+    ref: ClaimRef,
+    edits: dict[str, ContainerAllocation],
+    handed: CdiSpecFile | None,
+) -> None:
+    """Note the claim's spec file in ``record``: devplug's default one for ``edits``, or the one
+    a hook handed over."""
+    if edits and handed is not None:
+        raise ClaimError(
+            f"claim {ref}: a prepare_claim hook handed over the CDI spec {handed.name} "
+            "while devplug writes the claim's default spec; a claim has one spec file"
+        )
+    if edits:
+        record.spec_file = claim_spec_file(driver, ref.uid)
+        record.spec_text = _claim_spec(driver, ref.uid, edits).to_json()
+    elif handed is not None:
+        record.spec_file, record.spec_text = handed.name, handed.text
 
 
 def _answer(

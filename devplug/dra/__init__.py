@@ -19,13 +19,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from devplug._dra.driver import DraDriver
-from devplug.models import AllocatedDevice, Claim, OpaqueConfig, PreparedDevice
+from devplug.models import AllocatedDevice, CdiSpecFile, Claim, OpaqueConfig, PreparedDevice
 
 if TYPE_CHECKING:
     from devplug.plugin import DevicePlugin
     from devplug.settings import Settings
 
-__all__ = ["AllocatedDevice", "Claim", "DraDriver", "OpaqueConfig", "PreparedDevice", "run", "serve"]
+__all__ = [
+    "AllocatedDevice",
+    "CdiSpecFile",
+    "Claim",
+    "DraDriver",
+    "OpaqueConfig",
+    "PreparedDevice",
+    "run",
+    "serve",
+]
 
 
 async def serve(
