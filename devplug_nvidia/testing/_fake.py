@@ -9,7 +9,7 @@ from devplug_nvidia.testing._base import api
 from devplug_nvidia.testing._events import EventsApi
 from devplug_nvidia.testing._handles import Device, MigDevice
 from devplug_nvidia.testing._mig import MigApi
-from devplug_nvidia.testing._structs import Memory, PciInfo
+from devplug_nvidia.testing._structs import AddressingMode, Memory, PciInfo
 
 if TYPE_CHECKING:
     from devplug_nvidia.testing._specs import MachineModel, NvLink
@@ -125,6 +125,27 @@ class FakeNvml(MigApi, EventsApi):
     def nvmlDeviceGetCudaComputeCapability(self, handle: object) -> tuple[int, int]:
         return self._gpu(handle, allow_mig=True).spec.compute_capability
 
+    @api
+    def nvmlDeviceGetBrand(self, handle: object) -> int:
+        spec = self._gpu(handle, allow_mig=True).spec
+        if spec.brand is not None:
+            return spec.brand
+        return C.NVML_BRAND_TESLA if spec.name.startswith("Tesla") else C.NVML_BRAND_NVIDIA
+
+    @api
+    def nvmlDeviceGetArchitecture(self, handle: object) -> int:
+        spec = self._gpu(handle, allow_mig=True).spec
+        if spec.architecture is not None:
+            return spec.architecture
+        return _architecture(spec.compute_capability)
+
+    @api
+    def nvmlDeviceGetAddressingMode(self, handle: object) -> AddressingMode:
+        spec = self._gpu(handle).spec
+        if spec.addressing_mode is None:
+            raise C.NVMLError_NotSupported()
+        return AddressingMode(spec.addressing_mode)
+
     # -- topology and NVLink -----------------------------------------------------------------------
 
     @api
@@ -164,6 +185,24 @@ def _pci_info(bus_id: str) -> PciInfo:
         bus=int(bus, 16),
         device=int(rest.split(".")[0], 16),
     )
+
+
+def _architecture(compute_capability: tuple[int, int]) -> int:
+    """What NVML reports for a GPU of this compute capability."""
+    major, minor = compute_capability
+    if major == 7:
+        return C.NVML_DEVICE_ARCH_TURING if minor >= 5 else C.NVML_DEVICE_ARCH_VOLTA
+    if major == 8:
+        return C.NVML_DEVICE_ARCH_ADA if minor == 9 else C.NVML_DEVICE_ARCH_AMPERE
+    by_major = {
+        3: C.NVML_DEVICE_ARCH_KEPLER,
+        5: C.NVML_DEVICE_ARCH_MAXWELL,
+        6: C.NVML_DEVICE_ARCH_PASCAL,
+        9: C.NVML_DEVICE_ARCH_HOPPER,
+        10: C.NVML_DEVICE_ARCH_BLACKWELL,
+        12: C.NVML_DEVICE_ARCH_BLACKWELL,
+    }
+    return by_major.get(major, C.NVML_DEVICE_ARCH_UNKNOWN)
 
 
 def _mig_label(device: MigDevice) -> str:

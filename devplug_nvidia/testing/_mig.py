@@ -98,7 +98,7 @@ class MigApi(FakeBase):
         for row in self._mig_gpu(device).spec.gi_profiles:
             if row.id == profile:
                 return GpuInstanceProfileInfo(
-                    id=row.id,
+                    id=row.nvml_id,
                     isP2pSupported=0,
                     sliceCount=row.slices,
                     instanceCount=row.instance_count,
@@ -122,7 +122,8 @@ class MigApi(FakeBase):
     @api
     def nvmlGpuInstanceGetInfo(self, gpuInstance: object) -> GpuInstanceInfo:
         gi = _gi(gpuInstance)
-        return GpuInstanceInfo(gi.device, gi.id, gi.profile.id, Placement(gi.start, gi.profile.slices))
+        size = gi.profile.placement_size or gi.profile.slices
+        return GpuInstanceInfo(gi.device, gi.id, gi.profile.nvml_id, Placement(gi.start, size))
 
     @api
     def nvmlGpuInstanceGetComputeInstanceById(

@@ -1,6 +1,8 @@
 """Writes the files a fake machine's host would have under one root directory.
 
-``<root>/proc/driver/nvidia-caps/mig-minors``, ``<root>/sys/bus/pci/devices/<bus>/{numa_node,class}``,
+``<root>/proc/driver/nvidia-caps/mig-minors``, the MIG capability files of the instances that
+exist (``<root>/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>[/ci<C>]/access``) with the
+``nvidia-caps`` major in ``<root>/proc/devices``, ``<root>/sys/bus/pci/devices/<bus>/{numa_node,class}``,
 ``<root>/sys/class/dmi/id/product_name`` (the model's name), ``<root>/dev/nvidia*`` stand-ins
 (plain empty files), and a user-space driver of the model's
 version: libraries (``libnvidia-ml.so.1`` and ``lib*.so.<version>``) under
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from devplug.topology import normalize_pci_bus_id
+from devplug_nvidia.testing._handles import build_devices
 
 if TYPE_CHECKING:
     import os
@@ -42,6 +45,10 @@ DRIVER_LIBRARIES = (
 """Libraries written as ``<name>.<driver version>`` (plus ``vdpau/libvdpau_nvidia.so.<version>``)."""
 PRODUCT_NAME_FILE = "sys/class/dmi/id/product_name"
 """The DMI product name (gpu-feature-discovery's machine type), relative to the root."""
+NVIDIA_CAPS_MAJOR = 235
+"""The character-device major ``<root>/proc/devices`` gives ``nvidia-caps`` (dynamic on real hosts)."""
+CAP_FILE_MODE = 0o444
+"""``DeviceFileMode`` of the MIG capability files (the driver writes it in decimal: 292)."""
 DRIVER_BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control")
 GSP_FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 
@@ -97,8 +104,31 @@ def write_root(model: MachineModel, root: str | os.PathLike[str]) -> Path:
             ]
     for node in nodes:
         (dev / node).touch()
+    _write_capabilities(base, model)
     _write_driver(base, model.driver_version)
     return base
+
+
+def _write_capabilities(base: Path, model: MachineModel) -> None:
+    """``/proc/devices`` and, per GPU and compute instance that exists, the capability file the
+    driver creates with it (``DeviceFileMinor`` as in mig-minors)."""
+    proc = base / "proc"
+    (proc / "devices").write_text(
+        "Character devices:\n  1 mem\n  4 tty\n195 nvidia-frontend\n"
+        f"{NVIDIA_CAPS_MAJOR} nvidia-caps\n511 nvidia-uvm\n\nBlock devices:\n  7 loop\n  8 sd\n"
+    )
+    caps = proc / "driver" / "nvidia" / "capabilities"
+    for device in build_devices(model):
+        for gi in device.instances:
+            folder = caps / f"gpu{device.index}" / "mig" / f"gi{gi.id}"
+            _write_cap(folder / "access", mig_cap_minor(device.index, gi.id))
+            for ci in gi.compute_instances:
+                _write_cap(folder / f"ci{ci.id}" / "access", mig_cap_minor(device.index, gi.id, ci.id))
+
+
+def _write_cap(path: Path, minor: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: {CAP_FILE_MODE}\nDeviceFileModify: 1\n")
 
 
 def _write_driver(base: Path, version: str) -> None:

@@ -32,6 +32,17 @@ class GiProfile:
     jpegs: int
     ofas: int
     memory_mb: int
+    profile_id: int | None = None
+    """The ID NVML reports for the profile (``GpuInstanceProfileInfo.id``,
+    ``GpuInstanceInfo.profileId``; on real GPUs e.g. 19 for 1g.5gb); default: ``id``, the
+    ``NVML_GPU_INSTANCE_PROFILE_*`` index the profile is looked up by."""
+    placement_size: int | None = None
+    """Memory slices one instance of the profile spans (``GpuInstanceInfo.placement.size``;
+    real A100s: 8 for 7g.40gb); default: ``slices``."""
+
+    @property
+    def nvml_id(self) -> int:
+        return self.id if self.profile_id is None else self.profile_id
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,15 @@ class GpuSpec:
     )
     pci_class: int = 0x030200
     """PCI class code in sysfs: ``0x030200`` (3D controller: compute mode), ``0x030000`` (VGA: graphics)."""
+    brand: int | None = None
+    """``nvmlDeviceGetBrand``: an ``NVML_BRAND_*`` value; None: Tesla for ``Tesla ...`` names,
+    else NVIDIA (what data-center GPUs report)."""
+    architecture: int | None = None
+    """``nvmlDeviceGetArchitecture``: an ``NVML_DEVICE_ARCH_*`` value; None: from the compute
+    capability."""
+    addressing_mode: int | None = None
+    """``nvmlDeviceGetAddressingMode``: an ``NVML_DEVICE_ADDRESSING_MODE_*`` value; None:
+    NOT_SUPPORTED (drivers before 570, and most PCIe systems)."""
 
 
 @dataclass(frozen=True)

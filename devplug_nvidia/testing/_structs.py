@@ -18,6 +18,12 @@ class PciInfo:
 
 
 @dataclass
+class AddressingMode:
+    value: int
+    version: int = 1
+
+
+@dataclass
 class Memory:
     total: int
     free: int
