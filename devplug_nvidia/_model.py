@@ -9,7 +9,49 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["GpuRecord", "MigInfo"]
+__all__ = ["GpuDetails", "GpuInstanceDetails", "GpuRecord", "MigInfo"]
+
+
+@dataclass(frozen=True)
+class GpuDetails:
+    """What DRA publishes of a full GPU beyond the device plugin's needs (discovery with
+    ``details=True``); a MIG device carries its parent's."""
+
+    memory_bytes: int
+    """Total memory as NVML reports it, in bytes."""
+    brand: str
+    """NVML's brand as NVIDIA's tools name it: ``Nvidia``, ``Tesla``, ``GeForce``, ..."""
+    architecture: str
+    """``Ampere``, ``Hopper``, ``Ada Lovelace``, ..."""
+    driver_version: str
+    """NVML's driver version text, e.g. ``550.54.15``."""
+    cuda_driver_version: int
+    """NVML's CUDA driver version number, e.g. 12040."""
+    addressing_mode: str | None = None
+    """``ATS``, ``HMM`` or ``None``; None when NVML cannot tell."""
+    pcie_root: str | None = None
+    """The PCIe root complex from sysfs (``pci0000:3a``), when it resolves."""
+
+
+@dataclass(frozen=True)
+class GpuInstanceDetails:
+    """The GPU instance of a MIG device, as DRA publishes it (discovery with ``details=True``)."""
+
+    profile_index: int
+    """The ``NVML_GPU_INSTANCE_PROFILE_*`` index of its profile."""
+    profile_id: int
+    """The profile's ID as NVML reports it (``nvidia-smi mig -lgip``; 19 for 1g.5gb on A100)."""
+    placement_start: int
+    placement_size: int
+    """Its placement on the GPU's memory slices."""
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    memory_mb: int
+    """The profile's numbers (``multiprocessors``: the compute instance's own)."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +70,8 @@ class MigInfo:
     """The profile name as upstream computes it, e.g. ``1g.5gb``, ``1g.10gb+me``, ``1c.3g.20gb``."""
     cap_paths: tuple[str, ...] = ()
     """The GI and CI access capability nodes, e.g. ``/dev/nvidia-caps/nvidia-cap21``."""
+    gpu_instance: GpuInstanceDetails | None = None
+    """Profile and placement of its GPU instance; read only by discovery with ``details=True``."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +98,9 @@ class GpuRecord:
     mig: MigInfo | None = None
     mig_enabled: bool = False
     """For a full GPU: MIG mode is on (only meaningful with the none strategy)."""
+    details: GpuDetails | None = None
+    """What DRA publishes of the GPU (the parent's for MIG); read only by discovery with
+    ``details=True``."""
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property

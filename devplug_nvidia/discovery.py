@@ -14,6 +14,13 @@ import structlog
 
 from devplug.topology import normalize_pci_bus_id, pci_numa_node
 from devplug_nvidia import _nvml
+from devplug_nvidia._discovery_details import (
+    SystemVersions,
+    gpu_details,
+    gpu_instance_details,
+    profile_table,
+    system_versions,
+)
 from devplug_nvidia._discovery_mig import mig_cap_paths, mig_memory_gb, mig_profile_name, read_mig_minors
 from devplug_nvidia._discovery_strategy import (
     GPU_RESOURCE,
@@ -199,21 +206,28 @@ def discover_or_idle(
 
 
 def discover_devices(
-    nvml: Nvml, *, sysfs: str | os.PathLike[str] = "/sys", proc: str | os.PathLike[str] = "/proc"
+    nvml: Nvml,
+    *,
+    sysfs: str | os.PathLike[str] = "/sys",
+    proc: str | os.PathLike[str] = "/proc",
+    details: bool = False,
 ) -> list[GpuRecord]:
     """Every full GPU (MIG-enabled or not), then the MIG devices of each, in NVML index order.
 
     A GPU that reports GPU_IS_LOST is left out with a warning rather than failing the node.
+    ``details``: also read what DRA publishes (:attr:`GpuRecord.details`,
+    :attr:`MigInfo.gpu_instance`), which NVIDIA's DRA driver requires of every GPU.
 
     Raises:
         NvmlError: an NVML call failed.
     """
     records: list[GpuRecord] = []
     minors: dict[str, int] | None = None
+    system = system_versions(nvml) if details else None
     for index in range(nvml.call("nvmlDeviceGetCount")):
         try:
             handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
-            gpu = _gpu_record(nvml, handle, index, sysfs)
+            gpu = _gpu_record(nvml, handle, index, sysfs, system)
         except NvmlError as exc:
             if exc.code != _nvml.GPU_IS_LOST:
                 raise
@@ -223,24 +237,32 @@ def discover_devices(
         if gpu.mig_enabled:
             if minors is None:
                 minors = read_mig_minors(proc) or {}
-            records.extend(_mig_records(nvml, handle, gpu, minors))
+            records.extend(_mig_records(nvml, handle, gpu, minors, details=details))
     return records
 
 
-def _gpu_record(nvml: Nvml, handle: Any, index: int, sysfs: str | os.PathLike[str]) -> GpuRecord:
+def _gpu_record(
+    nvml: Nvml, handle: Any, index: int, sysfs: str | os.PathLike[str], system: SystemVersions | None
+) -> GpuRecord:
     bus_id = normalize_pci_bus_id(_text(nvml.call("nvmlDeviceGetPciInfo", handle).busId))
     major, minor_cc = nvml.call("nvmlDeviceGetCudaComputeCapability", handle)
+    memory = int(nvml.call("nvmlDeviceGetMemoryInfo", handle).total)
     return GpuRecord(
         kind="gpu",
         index=str(index),
         uuid=_text(nvml.call("nvmlDeviceGetUUID", handle)),
         minor=int(nvml.call("nvmlDeviceGetMinorNumber", handle)),
         name=_text(nvml.call("nvmlDeviceGetName", handle)),
-        memory_mib=int(nvml.call("nvmlDeviceGetMemoryInfo", handle).total) // _MIB,
+        memory_mib=memory // _MIB,
         bus_id=bus_id,
         numa_node=pci_numa_node(bus_id, sysfs=sysfs),
         compute_capability=(int(major), int(minor_cc)),
         mig_enabled=_mig_enabled(nvml, handle),
+        details=None
+        if system is None
+        else gpu_details(
+            nvml, handle, index=index, bus_id=bus_id, memory_bytes=memory, system=system, sysfs=sysfs
+        ),
     )
 
 
@@ -254,8 +276,11 @@ def _mig_enabled(nvml: Nvml, handle: Any) -> bool:
     return bool(current == nvml.const("NVML_DEVICE_MIG_ENABLE"))
 
 
-def _mig_records(nvml: Nvml, parent: Any, gpu: GpuRecord, minors: dict[str, int]) -> list[GpuRecord]:
+def _mig_records(
+    nvml: Nvml, parent: Any, gpu: GpuRecord, minors: dict[str, int], *, details: bool = False
+) -> list[GpuRecord]:
     parent_bytes = int(nvml.call("nvmlDeviceGetMemoryInfo", parent).total)
+    profiles = profile_table(nvml, parent) if details else {}
     records = []
     for slot in range(nvml.call("nvmlDeviceGetMaxMigDeviceCount", parent)):
         try:
@@ -267,12 +292,15 @@ def _mig_records(nvml: Nvml, parent: Any, gpu: GpuRecord, minors: dict[str, int]
         attrs = nvml.call("nvmlDeviceGetAttributes", handle)
         gi = int(nvml.call("nvmlDeviceGetGpuInstanceId", handle))
         ci = int(nvml.call("nvmlDeviceGetComputeInstanceId", handle))
+        instance = gpu_instance_details(nvml, parent, gi, profiles, attrs) if details else None
         profile = mig_profile_name(
             gpu_slices=int(attrs.gpuInstanceSliceCount),
             compute_slices=int(attrs.computeInstanceSliceCount),
             memory_mb=int(attrs.memorySizeMB),
             parent_memory_bytes=parent_bytes,
-            gi_profile_id=_gi_profile_id(nvml, parent, gi),
+            # With details the profile's index is known (the suffix goes by the index, not by
+            # the ID NVML reports for the instance); the device-plugin path keeps its lookup.
+            gi_profile_id=_gi_profile_id(nvml, parent, gi) if instance is None else instance.profile_index,
         )
         try:
             caps = mig_cap_paths(minors, gpu.minor, gi, ci)
@@ -298,7 +326,9 @@ def _mig_records(nvml: Nvml, parent: Any, gpu: GpuRecord, minors: dict[str, int]
                     compute_instance_id=ci,
                     profile=profile,
                     cap_paths=caps,
+                    gpu_instance=instance,
                 ),
+                details=gpu.details,
             )
         )
     return records
