@@ -95,3 +95,27 @@ async def test_sigterm_at_any_moment_exits_0_and_leaves_no_socket(short_dir: Pat
         assert time.monotonic() - started < 2
         leftovers = [p.name for p in (short_dir / "k").rglob("*.sock")] if (short_dir / "k").exists() else []
         assert leftovers == []
+
+
+async def test_devplug_run_serves_any_plugin_class_as_a_driver(short_dir: Path) -> None:
+    """``devplug run --api dra MODULE:CLASS``: options before or after the target alike."""
+    import os
+    import subprocess
+    import sys
+
+    async with FakeKubeAPI() as api:
+        api.add_node(NODE)
+        kubeconfig = api.write_kubeconfig(short_dir / "kc")
+        argv = [
+            sys.executable, "-m", "devplug", "run", "--api", "dra", "tests.support:Widgets",
+            "--node-name", NODE, "--kubeconfig", str(kubeconfig), "--kubelet-root", str(short_dir / "k"),
+            "--cdi-dir", str(short_dir / "cdi"), "--log-format", "json",
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        async with await anyio.open_process(argv, stdout=subprocess.DEVNULL, env=env) as process:
+            slices = await api.wait_for_slices(node=NODE, driver="widget.example.com", count=1, timeout=15)
+            assert sorted(d["name"] for d in slices[0]["spec"]["devices"]) == ["w0", "w1", "w2", "w3"]
+            process.send_signal(signal.SIGTERM)
+            with anyio.fail_after(5):
+                assert await process.wait() == 0
+        assert not (short_dir / "k" / "plugins" / "widget.example.com" / "dra.sock").exists()
