@@ -32,6 +32,8 @@ __all__ = [
     "MOUNT_OPTIONS",
     "build_cdi_spec",
     "build_imex_spec",
+    "common_edits",
+    "device_node",
     "driver_edits",
     "driver_view",
     "write_cdi_spec",
@@ -50,7 +52,8 @@ _EXTRA_LINKS: tuple[tuple[str, str | None, str], ...] = (
 )
 
 
-def _node(path: str, config: NvidiaSettings) -> DeviceNode:
+def device_node(path: str, config: NvidiaSettings) -> DeviceNode:
+    """The device node ``path`` (``/dev/nvidia0``), from its host path under the dev root."""
     host = config.host_dev_path(path)
     return DeviceNode(path=path, host_path=host if host != path else None)
 
@@ -113,6 +116,28 @@ def driver_edits(files: DriverFiles, config: NvidiaSettings) -> tuple[tuple[CdiM
     return mounts, tuple(hooks)
 
 
+def common_edits(
+    config: NvidiaSettings,
+    *,
+    present: Collection[str] = CONTROL_NODES,
+    driver: DriverFiles | None = None,
+    hooks: Sequence[Hook] = (),
+) -> ContainerEdits:
+    """What a container gets with any device of a spec: ``NVIDIA_VISIBLE_DEVICES=void``, the
+    control nodes in ``present``, the ``driver`` files and their hooks (none without), then
+    ``hooks``."""
+    mounts: tuple[CdiMount, ...] = ()
+    driver_hooks: tuple[Hook, ...] = ()
+    if driver is not None:
+        mounts, driver_hooks = driver_edits(driver, config)
+    return ContainerEdits(
+        env=("NVIDIA_VISIBLE_DEVICES=void",),
+        device_nodes=tuple(device_node(p, config) for p in CONTROL_NODES if p in present),
+        mounts=mounts,
+        hooks=driver_hooks + tuple(hooks),
+    )
+
+
 def build_cdi_spec(
     records: Sequence[GpuRecord],
     config: NvidiaSettings,
@@ -131,14 +156,13 @@ def build_cdi_spec(
     devices = [
         CdiDevice(
             name=r.device_id(config.device_id_strategy),
-            container_edits=ContainerEdits(device_nodes=tuple(_node(p, config) for p in r.device_paths)),
+            container_edits=ContainerEdits(
+                device_nodes=tuple(device_node(p, config) for p in r.device_paths)
+            ),
         )
         for r in dict((r.uuid, r) for r in records).values()
     ]
-    mounts: tuple[CdiMount, ...] = ()
     hooks: tuple[Hook, ...] = ()
-    if driver is not None:
-        mounts, hooks = driver_edits(driver, config)
     if any(r.mig is not None for r in records):
         # The MIG capability nodes sit in /dev/nvidia-caps, which must be listable by the user.
         hooks += (
@@ -151,12 +175,7 @@ def build_cdi_spec(
     spec = CdiSpec(
         kind=CDI_KIND,
         devices=tuple(devices),
-        container_edits=ContainerEdits(
-            env=("NVIDIA_VISIBLE_DEVICES=void",),
-            device_nodes=tuple(_node(p, config) for p in CONTROL_NODES if p in present),
-            mounts=mounts,
-            hooks=hooks,
-        ),
+        container_edits=common_edits(config, present=present, driver=driver, hooks=hooks),
     )
     if spec.required_version() not in VERSIONS:
         raise ValueError(f"CDI spec needs cdiVersion {spec.required_version()}, not one of {VERSIONS}")
@@ -168,7 +187,7 @@ def build_imex_spec(imex: Sequence[ImexChannel], config: NvidiaSettings) -> CdiS
     return CdiSpec(
         kind=CDI_KIND.rsplit("/", 1)[0] + "/imex-channel",
         devices=tuple(
-            CdiDevice(name=c.id, container_edits=ContainerEdits(device_nodes=(_node(c.path, config),)))
+            CdiDevice(name=c.id, container_edits=ContainerEdits(device_nodes=(device_node(c.path, config),)))
             for c in imex
         ),
     )

@@ -1,0 +1,201 @@
+"""devplug-nvidia as a DRA driver: NVIDIA's GPUs as NVIDIA's own DRA driver serves them.
+
+``devplug-nvidia --api dra`` (driver ``gpu.nvidia.com``) publishes one pool per node with the
+devices, names, attributes and capacities of NVIDIA's ``gpu-kubelet-plugin`` v0.4.1: full GPUs
+without MIG mode as ``gpu-<minor>``, and the MIG devices that exist (static MIG) as
+``gpu-<parent minor>-mig-<profile>-<GI profile ID>-<placement start>``; a MIG-enabled GPU is
+announced only through its MIG devices. devplug's own attributes are off, so that selectors
+written for NVIDIA's driver match the same devices.
+
+A claim is prepared as NVIDIA prepares it: one transient CDI spec per claim,
+``k8s.gpu.nvidia.com-claim_<uid>.yaml``, with the ID ``k8s.gpu.nvidia.com/claim=<uid>-<device>``
+for each device. devplug writes that file with the claim's checkpoint entry, writes it again
+when a repeated prepare finds it missing, and removes it at unprepare.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import structlog
+
+from devplug.errors import ConfigError, DevplugError
+from devplug.models import CdiSpecFile, ContainerAllocation, PreparedDevice
+from devplug.plugin import DevicePlugin
+from devplug_nvidia._allocate import CONTROL_NODES, build_allocation, present_nodes
+from devplug_nvidia._dra_cdi import build_claim_spec, claim_device_id, claim_spec_file, spec_yaml
+from devplug_nvidia._dra_devices import DRIVER_NAME, announced, device_of
+from devplug_nvidia.config import NvidiaSettings
+from devplug_nvidia.discovery import GPU_RESOURCE, discover_devices, nvml_source
+
+if TYPE_CHECKING:
+    import os
+    from collections.abc import AsyncGenerator, Collection, Sequence
+
+    from devplug.models import AllocatedDevice, Claim, Device, OpaqueConfig
+    from devplug_nvidia._cdi_driver import DriverFiles
+    from devplug_nvidia._model import GpuRecord
+
+__all__ = ["DRIVER_NAME", "NvidiaDraPlugin", "run_dra"]
+
+log = structlog.get_logger("devplug_nvidia.dra")
+
+
+class NvidiaDraPlugin(DevicePlugin):
+    """The node's GPUs and MIG devices, published and prepared as NVIDIA's DRA driver does.
+
+    Args:
+        records: what discovery found, read with ``details=True`` (every GPU and MIG device).
+        config: the plugin's settings (dev root, driver root, the CDI hook).
+        driver: the DRA driver name, whose ``k8s.<driver>/claim`` is the CDI kind.
+        present: the optional control nodes found on the host at start-up.
+        driver_files: the driver files the claim specs mount (None: device nodes only).
+        proc: where this process sees the host's ``/proc`` (MIG capability files).
+    """
+
+    resource_name = GPU_RESOURCE
+    settings_class = NvidiaSettings
+    dra_standard_attributes = False
+
+    def __init__(
+        self,
+        records: Sequence[GpuRecord],
+        config: NvidiaSettings,
+        *,
+        driver: str = DRIVER_NAME,
+        present: Collection[str] = CONTROL_NODES,
+        driver_files: DriverFiles | None = None,
+        proc: Path = Path("/proc"),
+    ) -> None:
+        self.config = config
+        self.driver = driver
+        self.present = frozenset(present)
+        self.driver_files = driver_files
+        self.proc = proc
+        self.records = announced(records)
+        self.devices = [device_of(r) for r in self.records]
+        self._by_name = {d.name: r for d, r in zip(self.devices, self.records, strict=True)}
+        self._by_id = {r.uuid: r for r in self.records}
+
+    @classmethod
+    def from_settings(cls, settings: NvidiaSettings) -> NvidiaDraPlugin:  # type: ignore[override]
+        """:meth:`discover` for ``settings`` (what ``devplug run`` calls)."""
+        return cls.discover(settings)
+
+    @classmethod
+    def discover(
+        cls,
+        settings: NvidiaSettings,
+        *,
+        module: Any = None,
+        sysfs: str | os.PathLike[str] | None = None,
+        proc: str | os.PathLike[str] | None = None,
+    ) -> NvidiaDraPlugin:
+        """Discovery (with the details DRA publishes) and what the claim specs need, from
+        ``settings``; NVML, sysfs and proc as :func:`~devplug_nvidia.discovery.nvml_source`
+        chooses them (``module``: a pynvml-like module, e.g. a fake machine).
+
+        Raises:
+            NvmlError: NVML failed.
+        """
+        from devplug_nvidia._cdi import driver_view
+        from devplug_nvidia._cdi_driver import find_driver_files
+
+        source = nvml_source(settings, module=module, sysfs=sysfs, proc=proc)
+        with source.open() as nvml:
+            records = discover_devices(nvml, sysfs=source.sysfs, proc=source.proc, details=True)
+        version = next((r.details.driver_version for r in records if r.details is not None), None)
+        files = find_driver_files(driver_view(settings), version)
+        if records and files is None:
+            log.warning(
+                "cdi_driver_files_not_found",
+                root=driver_view(settings),
+                note="the claim specs inject device nodes only; containers need the driver another way",
+            )
+        return cls(
+            records,
+            settings,
+            driver=settings.driver_name or DRIVER_NAME,
+            present=present_nodes(Path(settings.effective_dev_root)),
+            driver_files=files,
+            proc=source.proc,
+        )
+
+    async def watch_devices(self) -> AsyncGenerator[Sequence[Device], None]:
+        yield self.devices
+        await anyio.sleep_forever()
+
+    async def allocate(self, devices: Sequence[Device]) -> ContainerAllocation:
+        """The device plugin's answer for ``devices`` (unused by DRA, where claims are prepared)."""
+        records = [self._by_id[d.id] for d in devices]
+        return build_allocation(records, self.config, resource_name=self.resource_name, present=self.present)
+
+    def claim_spec(self, claim_uid: str, devices: Sequence[AllocatedDevice]) -> CdiSpecFile:
+        """The claim's CDI spec file for ``devices`` (reads the MIG capability files).
+
+        Raises:
+            CapabilityError: a MIG device's capability files cannot be read.
+        """
+        spec = build_claim_spec(
+            self.driver,
+            claim_uid,
+            [(d.name, self._by_name[d.name]) for d in devices],
+            self.config,
+            present=self.present,
+            driver_files=self.driver_files,
+            proc=self.proc,
+        )
+        return CdiSpecFile(name=claim_spec_file(self.driver, claim_uid), text=spec_yaml(spec))
+
+    async def prepare_claim(
+        self, claim: Claim, devices: Sequence[AllocatedDevice], config: Sequence[OpaqueConfig]
+    ) -> Sequence[PreparedDevice]:
+        spec = await anyio.to_thread.run_sync(self.claim_spec, claim.uid, devices)
+        return [
+            PreparedDevice(
+                name=d.name,
+                requests=(d.request,),
+                cdi_device_ids=(claim_device_id(self.driver, claim.uid, d.name),),
+                cdi_spec=spec,
+            )
+            for d in devices
+        ]
+
+
+def run_dra(settings: NvidiaSettings, prog: str) -> int:
+    """``devplug-nvidia --api dra``: discovery, then serve until SIGTERM; the exit status
+    (2: bad configuration, 1: discovery failed)."""
+    from devplug.dra import serve
+
+    if settings.driver_name is None:
+        settings = settings.model_copy(update={"driver_name": DRIVER_NAME})
+    try:
+        plugin = NvidiaDraPlugin.from_settings(settings)
+    except (DevplugError, OSError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    log.info("dra_devices", driver=settings.driver_name, devices=[d.name for d in plugin.devices])
+    try:
+        anyio.run(serve, plugin, settings, backend="asyncio")
+    except Exception as exc:
+        refusal = _config_error(exc)
+        if refusal is None:
+            raise
+        print(f"{prog}: {refusal}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _config_error(exc: BaseException) -> ConfigError | None:
+    """``exc`` if it is a ConfigError (no node name, an unusable kubeconfig), or the first one
+    inside an exception group."""
+    if isinstance(exc, ConfigError):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = _config_error(inner)
+        if found is not None:
+            return found
+    return None
