@@ -17,6 +17,7 @@ from devplug.errors import ConfigError, DevplugError
 from devplug.logging import configure as configure_logging
 from devplug.metrics import require_prometheus
 from devplug_nvidia._allocate import imex_channels, present_nodes
+from devplug_nvidia._fake_root import FakeRoots, with_fake_root
 from devplug_nvidia._sharing import apply_sharing
 from devplug_nvidia.config import NvidiaSettings, load_nvidia_settings
 from devplug_nvidia.discovery import GPU_RESOURCE, InitStatus, discover_or_idle, nvml_source
@@ -40,14 +41,30 @@ STATUS = InitStatus()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the plugin (or ``labels``); returns the exit status (2: bad configuration, 1: init failure)."""
+    """Run the plugin (or ``labels``, or ``fake-root``); returns the exit status (2: bad
+    configuration, 1: init failure)."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["labels"]:
         from devplug_nvidia import labels
 
         return labels.main(args[1:])
+    if args[:1] == ["fake-root"]:
+        from devplug_nvidia import _fake_root
+
+        return _fake_root.main(args[1:])
+    # --fake-nvml without a driver root: the model's tree in a temporary directory, removed
+    # however the run ends.
+    with FakeRoots() as roots:
+        return _run(args, roots)
+
+
+def _load(args: list[str], roots: FakeRoots) -> NvidiaSettings:
+    return with_fake_root(load_nvidia_settings(args, prog=PROG), roots)
+
+
+def _run(args: list[str], roots: FakeRoots) -> int:
     try:
-        settings = load_nvidia_settings(args, prog=PROG)
+        settings = _load(args, roots)
         if settings.metrics_address:
             require_prometheus()
         configure_logging(settings.log_format, settings.log_level)
@@ -58,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     except (DevplugError, OSError) as exc:  # e.g. an unwritable --cdi-dir: one line, exit 1
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
+    roots.log_trees()  # after start-up, whose errors are one line
     if not plugins:
         log.warning("no_devices", note="serving no resources")
 
@@ -65,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         # SIGHUP: the same arguments, the config file and environment read again, discovery
         # and sharing redone; the health monitor keeps watching. A bad config raises, and the
         # runner keeps serving the old one.
-        new_settings = load_nvidia_settings(args, prog=PROG)
+        new_settings = _load(args, roots)
         return new_settings, prepare(new_settings, monitor=monitor)[0]
 
     try:

@@ -24,6 +24,7 @@ import structlog
 
 from devplug.errors import ConfigError, DevplugError
 from devplug_nvidia._config_file import read_config_file
+from devplug_nvidia._fake_root import FakeRoots
 from devplug_nvidia._labels import (
     DEFAULT_MACHINE_TYPE_FILE,
     DEFAULT_OUTPUT_FILE,
@@ -224,19 +225,36 @@ def _parser() -> argparse.ArgumentParser:
         "-o",
         help=f"the features file (default {DEFAULT_OUTPUT_FILE}; '' prints)",
     )
-    add("--machine-type-file", help=f"the DMI product name file (default {DEFAULT_MACHINE_TYPE_FILE})")
+    add(
+        "--machine-type-file",
+        help=f"the DMI product name file (default {DEFAULT_MACHINE_TYPE_FILE}; under the driver root "
+        "with --fake-nvml)",
+    )
     add("--config-file", help="the NVIDIA config file (v1): flags.migStrategy, flags.gfd.*, sharing")
     add("--driver-root", "--nvidia-driver-root", help="root of the NVIDIA driver installation (default /)")
-    add("--fake-nvml", metavar="MODEL", help="label a fake NVML machine model (testing)")
+    add(
+        "--fake-nvml",
+        metavar="MODEL",
+        help="label a fake NVML machine model (testing); without --driver-root its /sys, /proc and "
+        "driver tree is laid out in a temporary directory, removed at exit",
+    )
     return parser
 
 
 def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> LabelSettings:
     """Flags > environment > config file > defaults, as gpu-feature-discovery.
 
+    With a fake NVML model, the machine type file defaults to the one under the driver root
+    (where :func:`devplug_nvidia.testing.write_root` puts it), as /sys and /proc do.
+
     Raises:
         ConfigError: a bad flag, value or config file (one line).
     """
+    return _parse(argv, environ)[0]
+
+
+def _parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[LabelSettings, set[str]]:
+    """:func:`parse_args`, and the names of the settings given (by flag, environment or config file)."""
     env = os.environ if environ is None else environ
     parser = _parser()
     given = {k: v for k, v in vars(parser.parse_args(list(argv))).items() if v is not None}
@@ -260,10 +278,31 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     if config_file:
         values |= _file_values(Path(config_file))
     values |= given
+    explicit = set(values)
+    if values.get("fake_nvml") and "machine_type_file" not in values:
+        values["machine_type_file"] = _under(values.get("driver_root", "/"), DEFAULT_MACHINE_TYPE_FILE)
     try:
-        return replace(LabelSettings(), **values)
+        return replace(LabelSettings(), **values), explicit
     except TypeError as exc:  # pragma: no cover - the parser only produces known fields
         raise ConfigError(str(exc)) from None
+
+
+def _under(root: str, path: str) -> str:
+    return os.path.join(root, path.lstrip("/"))
+
+
+def _on_fake_root(settings: LabelSettings, explicit: set[str], roots: FakeRoots) -> LabelSettings:
+    """A fake model with no driver root given: the driver root (and the machine type file, unless
+    given) in the model's temporary tree."""
+    if not settings.fake_nvml or "driver_root" in explicit:
+        return settings
+    root = roots.root(settings.fake_nvml)
+    if root is None:
+        return settings
+    machine = settings.machine_type_file
+    if "machine_type_file" not in explicit:
+        machine = _under(str(root), DEFAULT_MACHINE_TYPE_FILE)
+    return replace(settings, driver_root=str(root), machine_type_file=machine)
 
 
 def _file_values(path: Path) -> dict[str, Any]:
@@ -290,20 +329,27 @@ def _file_values(path: Path) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The labels command; returns the exit status (2: bad flags or config, 1: NVML or write failed)."""
+    """The labels command; returns the exit status (2: bad flags or config, 1: NVML or write failed).
+
+    ``--fake-nvml MODEL`` without a driver root labels the model on its own tree, laid out in a
+    temporary directory that is removed when the command ends.
+    """
     from devplug.logging import configure as configure_logging
 
     try:
-        settings = parse_args(sys.argv[1:] if argv is None else argv)
+        settings, explicit = _parse(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    configure_logging()
-    try:
-        anyio.run(_serve, settings)
-    except (DevplugError, OSError) as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
+    with FakeRoots() as roots:
+        settings = _on_fake_root(settings, explicit, roots)
+        configure_logging()
+        roots.log_trees()
+        try:
+            anyio.run(_serve, settings)
+        except (DevplugError, OSError) as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 1
     return 0
 
 

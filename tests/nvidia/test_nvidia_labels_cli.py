@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,21 +192,37 @@ def test_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def _fake_args(tmp_path: Path, model: str = "pcie-a10") -> list[str]:
+    """A fake model on a tree written here: for :func:`run`, which lays out none of its own."""
     root = write_root(MODELS[model], tmp_path / "root")
     return ["--fake-nvml", model, "--driver-root", str(root), "--machine-type-file", ""]
 
 
-def test_oneshot_writes_once_and_keeps_the_file(tmp_path: Path) -> None:
+@pytest.fixture
+def tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This process's temporary directory, empty at the start."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def test_oneshot_writes_once_and_keeps_the_file(tmp_path: Path, tmp: Path) -> None:
     out = tmp_path / "gfd"
-    assert main([*_fake_args(tmp_path), "--oneshot", "-o", str(out)]) == 0
+    assert main(["--fake-nvml", "pcie-a10", "--oneshot", "-o", str(out)]) == 0
     text = out.read_text()
     assert "nvidia.com/gpu.count=4\n" in text
     assert "nvidia.com/gfd.timestamp=" in text
+    assert "nvidia.com/gpu.machine=pcie-a10\n" in text  # the model's tree, laid out and removed
+    assert list(tmp.iterdir()) == []
 
 
-def test_oneshot_to_standard_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([*_fake_args(tmp_path), "--oneshot", "--no-timestamp", "-o", ""]) == 0
-    assert "nvidia.com/gpu.product=NVIDIA-A10\n" in capsys.readouterr().out
+def test_oneshot_to_standard_output(tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--fake-nvml", "pcie-a10", "--oneshot", "--no-timestamp", "-o", ""]) == 0
+    out, err = capsys.readouterr()
+    assert "nvidia.com/gpu.product=NVIDIA-A10\n" in out
+    assert "nvidia.com/gpu.mode=compute\n" in out
+    assert "warning" not in err
+    assert list(tmp.iterdir()) == []
 
 
 @pytest.mark.anyio
@@ -249,18 +266,20 @@ def test_nvml_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_module_runs_on_interval_and_stops_on_sigterm(tmp_path: Path) -> None:
-    out = tmp_path / "gfd"
+    out, tmp = tmp_path / "gfd", tmp_path / "tmp"
+    tmp.mkdir()
     command = [
         sys.executable,
         "-m",
         "devplug_nvidia.labels",
-        *_fake_args(tmp_path, "dgx-a100"),
+        *("--fake-nvml", "dgx-a100"),
         "--sleep-interval",
         "50ms",
         "-o",
         str(out),
     ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    env = _env() | {"TMPDIR": str(tmp)}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:
         deadline = time.monotonic() + 20
         while not out.exists():
@@ -278,4 +297,6 @@ def test_module_runs_on_interval_and_stops_on_sigterm(tmp_path: Path) -> None:
             process.wait()
     assert process.returncode == 0, err
     assert b"labels_written" in err
+    assert b'"level": "warning"' not in err, err
     assert not out.exists()
+    assert list(tmp.iterdir()) == []  # the model's tree went with the SIGTERM

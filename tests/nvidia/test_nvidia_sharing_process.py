@@ -16,7 +16,6 @@ from anyio.abc import Process
 
 from devplug import KubeletError
 from devplug.testing import FakeKubelet
-from devplug_nvidia.testing import fake_nvml, write_root
 from tests.support import logged_process
 
 pytestmark = pytest.mark.anyio
@@ -44,14 +43,12 @@ async def plugin_process(
 
 
 def _args(short_dir: Path, model: str, config: dict[str, Any]) -> list[str]:
-    root = write_root(fake_nvml(model).model, short_dir / "root")
+    # --fake-nvml lays the model's /sys, /proc and /dev out itself.
     config_file = short_dir / "config.json"
     config_file.write_text(json.dumps(config))
     return [
         "--fake-nvml",
         model,
-        "--driver-root",
-        str(root),
         "--device-plugin-dir",
         str(short_dir / "dp"),
         "--config-file",
@@ -121,7 +118,8 @@ async def test_sighup_rereads_the_config_file(short_dir: Path) -> None:
         config_file.write_text(json.dumps(sharing(3)))
         process.send_signal(signal.SIGHUP)
         await kubelet.wait_for_registration("nvidia.com/gpu", count=2, timeout=20)
-        await kubelet.wait_for_devices("nvidia.com/gpu", lambda ds: len(ds) == 12)
+        devices = await kubelet.wait_for_devices("nvidia.com/gpu", lambda ds: len(ds) == 12)
+        assert {d.numa_nodes for d in devices} == {(0,), (1,)}  # still the model's tree
         # An invalid file is logged and the running configuration stays.
         config_file.write_text(json.dumps({"sharing": {"timeSlicing": {"renameByDefault": "maybe"}}}))
         process.send_signal(signal.SIGHUP)
