@@ -18,6 +18,7 @@ from devplug.logging import configure as configure_logging
 from devplug.metrics import require_prometheus
 from devplug_nvidia._allocate import imex_channels, present_nodes
 from devplug_nvidia._fake_root import FakeRoots, with_fake_root
+from devplug_nvidia._help import wants_help
 from devplug_nvidia._sharing import apply_sharing
 from devplug_nvidia.config import NvidiaSettings, load_nvidia_settings
 from devplug_nvidia.discovery import GPU_RESOURCE, InitStatus, discover_or_idle, nvml_source
@@ -52,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         from devplug_nvidia import _fake_root
 
         return _fake_root.main(args[1:])
+    if wants_help(args):
+        from devplug_nvidia._help import help_text
+
+        print(help_text(PROG), end="")
+        return 0
     # --fake-nvml without a driver root: the model's tree in a temporary directory, removed
     # however the run ends.
     with FakeRoots() as roots:

@@ -24,7 +24,7 @@ import structlog
 
 from devplug.errors import ConfigError, DevplugError
 from devplug_nvidia._config_file import read_config_file
-from devplug_nvidia._fake_root import FakeRoots
+from devplug_nvidia._fake_root import FakeRoots, model_names
 from devplug_nvidia._labels import (
     DEFAULT_MACHINE_TYPE_FILE,
     DEFAULT_OUTPUT_FILE,
@@ -209,34 +209,53 @@ _ENV = {
 
 def _parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog=PROG, description="Write NVIDIA GPU node labels for Node Feature Discovery.")
-    add = parser.add_argument
+
+    def add(*flags: str, **kwargs: Any) -> None:
+        action = parser.add_argument(*flags, **kwargs)
+        if action.dest in _ENV:  # the environment variables, as gpu-feature-discovery lists them
+            action.help = f"{action.help} [{', '.join('$' + v for v in _ENV[action.dest])}]"
+
+    flag: dict[str, Any] = {"type": _bool, "nargs": "?", "const": True, "metavar": "BOOL"}
     add(
         "--mig-strategy",
         choices=("none", "single", "mixed"),
-        help="how MIG devices are labelled (default none)",
+        metavar="STRATEGY",
+        help="how MIG devices are labelled: none, single or mixed (default none)",
     )
-    add("--fail-on-init-error", type=_bool, nargs="?", const=True, help="exit if NVML fails (default true)")
-    add("--oneshot", type=_bool, nargs="?", const=True, help="label once and exit")
-    add("--no-timestamp", type=_bool, nargs="?", const=True, help="leave out nvidia.com/gfd.timestamp")
-    add("--sleep-interval", type=_duration, help="time between labelings (default 60s)")
+    add("--fail-on-init-error", **flag, help="exit if NVML fails (default true)")
+    add("--oneshot", **flag, help="label once and exit")
+    add("--no-timestamp", **flag, help="leave out nvidia.com/gfd.timestamp")
+    add("--sleep-interval", type=_duration, metavar="DURATION", help="time between labelings (default 60s)")
     add(
         "--output-file",
         "--output",
         "-o",
+        metavar="FILE",
         help=f"the features file (default {DEFAULT_OUTPUT_FILE}; '' prints)",
     )
     add(
         "--machine-type-file",
-        help=f"the DMI product name file (default {DEFAULT_MACHINE_TYPE_FILE}; under the driver root "
+        metavar="FILE",
+        help=f"the DMI product name file (default {DEFAULT_MACHINE_TYPE_FILE}, under the driver root "
         "with --fake-nvml)",
     )
-    add("--config-file", help="the NVIDIA config file (v1): flags.migStrategy, flags.gfd.*, sharing")
-    add("--driver-root", "--nvidia-driver-root", help="root of the NVIDIA driver installation (default /)")
+    add(
+        "--config-file",
+        metavar="FILE",
+        help="the NVIDIA config file (v1): flags.migStrategy, flags.gfd.*, sharing",
+    )
+    add(
+        "--driver-root",
+        "--nvidia-driver-root",
+        metavar="PATH",
+        help="root of the NVIDIA driver installation (default /)",
+    )
     add(
         "--fake-nvml",
         metavar="MODEL",
-        help="label a fake NVML machine model (testing); without --driver-root its /sys, /proc and "
-        "driver tree is laid out in a temporary directory, removed at exit",
+        help=f"label a fake NVML machine model (testing): {', '.join(model_names())}; without "
+        "--driver-root its /sys, /proc and driver tree is laid out in a temporary directory, "
+        "removed at exit",
     )
     return parser
 
