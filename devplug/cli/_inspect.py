@@ -1,8 +1,10 @@
-"""``devplug inspect SOCKET``: talk to any device plugin socket as the kubelet would.
+"""``devplug inspect SOCKET``: talk to any device plugin or DRA driver socket as the kubelet would.
 
 Asks GetDevicePluginOptions, opens ListAndWatch and shows the first list (or, with ``--watch``,
 every list until Ctrl-C / SIGTERM), then makes the calls asked for in the kubelet's order:
 GetPreferredAllocation (admission), Allocate (admission), PreStartContainer (container start).
+A DRA driver's registration socket or DRA socket is recognised and inspected instead
+(:mod:`devplug.cli._inspect_dra`): GetInfo, ``--prepare``/``--unprepare``, ``--watch`` for health.
 Exit status: 0 when everything answered, 1 when the socket or a call failed (one line on
 stderr), 2 for bad arguments.
 """
@@ -21,6 +23,7 @@ import anyio
 from devplug.cli import _inspect_render as render
 from devplug.cli._argtypes import positive_seconds
 from devplug.cli._inspect_client import InspectError, PluginConnection, SeenDevice, check_socket
+from devplug.cli._inspect_dra_client import detect
 
 if TYPE_CHECKING:
     from devplug.models import PluginOptions
@@ -30,11 +33,18 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``inspect`` sub-command to ``sub`` (argparse's sub-parsers) and return its parser."""
     parser: argparse.ArgumentParser = sub.add_parser(
         "inspect",
-        help="talk to a device plugin socket as the kubelet would: options, devices, calls",
-        description="Talk to any device plugin socket as the kubelet would.",
+        help="talk to a device plugin or DRA driver socket as the kubelet would",
+        description=(
+            "Talk to any device plugin socket, or a DRA driver's registration or DRA socket, as the "
+            "kubelet would."
+        ),
     )
     parser.add_argument("socket", metavar="SOCKET", help="the plugin's unix socket")
-    parser.add_argument("--watch", action="store_true", help="follow ListAndWatch until Ctrl-C / SIGTERM")
+    parser.add_argument(
+        "--watch",
+        action="store_true",
+        help="follow ListAndWatch (DRA: the health stream) until Ctrl-C / SIGTERM",
+    )
     parser.add_argument(
         "--allocate", metavar="IDS", type=_ids, help="Allocate these devices to one container"
     )
@@ -49,6 +59,20 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--size", metavar="N", type=int, help="devices to choose in all (default: 1)")
     parser.add_argument("--pre-start", metavar="IDS", type=_ids, help="PreStartContainer with these devices")
+    parser.add_argument(
+        "--prepare",
+        metavar="NAMESPACE/NAME:UID",
+        type=_claim,
+        action="append",
+        help="DRA: NodePrepareResources for this claim (repeat for more claims in one call)",
+    )
+    parser.add_argument(
+        "--unprepare",
+        metavar="NAMESPACE/NAME:UID",
+        type=_claim,
+        action="append",
+        help="DRA: NodeUnprepareResources for this claim (after --prepare's call when both are given)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON document (JSON lines with --watch)")
     parser.add_argument(
         "--timeout",
@@ -67,11 +91,24 @@ def _ids(text: str) -> list[str]:
     return ids
 
 
+def _claim(text: str) -> tuple[str, str, str]:
+    namespace, _, rest = text.partition("/")
+    name, _, uid = rest.rpartition(":")
+    if not namespace or not name or not uid:
+        raise argparse.ArgumentTypeError(f"expected NAMESPACE/NAME:UID, got {text!r}")
+    return namespace, name, uid
+
+
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     # The kubelet's own rules for these requests: what it would never send is a usage error.
     calls = args.allocate or args.preferred or args.pre_start
-    if args.watch and calls:
-        parser.error("--watch cannot be combined with --allocate, --preferred or --pre-start")
+    dra_calls = args.prepare or args.unprepare
+    if calls and dra_calls:
+        parser.error("--prepare and --unprepare (DRA) cannot be combined with device-plugin calls")
+    if args.watch and (calls or dra_calls):
+        parser.error(
+            "--watch cannot be combined with --allocate, --preferred, --pre-start or --prepare/--unprepare"
+        )
     if args.preferred is None:
         if args.must_include or args.size is not None:
             parser.error("--must-include and --size go with --preferred")
@@ -107,6 +144,18 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser, out: TextIO 
 
 async def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     path = check_socket(args.socket)
+    target = await detect(path, timeout=args.timeout)
+    if target is not None:
+        if args.allocate or args.preferred or args.pre_start:
+            calls = "--allocate, --preferred and --pre-start"
+            raise InspectError(f"{path}: a DRA driver's socket; {calls} are device-plugin calls")
+        from devplug.cli import _inspect_dra
+
+        return await _inspect_dra.run(target, args, out)
+    if args.prepare or args.unprepare:
+        raise InspectError(
+            f"{path}: not a DRA driver's socket: --prepare and --unprepare are for DRA drivers"
+        )
     connection = PluginConnection(path, timeout=args.timeout)
     try:
         options = await connection.options()
