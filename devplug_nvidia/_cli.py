@@ -74,6 +74,10 @@ def _run(args: list[str], roots: FakeRoots) -> int:
         if settings.metrics_address:
             require_prometheus()
         configure_logging(settings.log_format, settings.log_level)
+        if settings.api == "dra":
+            from devplug_nvidia.dra import run_dra
+
+            return run_dra(settings, PROG, started=roots.log_trees)
         plugins, monitor = prepare(settings)
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)

@@ -104,7 +104,7 @@ def _named(table: dict[int, str], value: int, event: str, gpu: int) -> str:
     if name is None:
         # NVIDIA's driver refuses to start on a value its library does not know; one GPU of a
         # newer kind should not take the node's other GPUs down.
-        log.warning(event, gpu=gpu, value=value, published="Unknown")
+        log.info(event, gpu=gpu, value=value, published="Unknown")
         return "Unknown"
     return name
 
@@ -119,7 +119,7 @@ def _addressing_mode(nvml: Nvml, handle: Any, gpu: int) -> str | None:
     value = int(getattr(mode, "value", mode))
     name = ADDRESSING_MODES.get(value)
     if name is None:
-        log.warning("unknown_addressing_mode", gpu=gpu, value=value, published="nothing")
+        log.info("unknown_addressing_mode", gpu=gpu, value=value, published="nothing")
     return name
 
 

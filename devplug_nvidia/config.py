@@ -36,7 +36,7 @@ from devplug_nvidia._config_file import (
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
 
-__all__ = ["CDI_STRATEGIES", "ENV_NAMES", "NvidiaSettings", "load_nvidia_settings"]
+__all__ = ["CDI_STRATEGIES", "DRA_ENV_NAMES", "ENV_NAMES", "NvidiaSettings", "load_nvidia_settings"]
 
 CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
 
@@ -65,6 +65,12 @@ ENV_NAMES: dict[str, tuple[str, ...]] = {
     "fake_nvml": ("DEVPLUG_FAKE_NVML",),
 }
 """Field → upstream's environment variables (first found wins)."""
+DRA_ENV_NAMES: dict[str, tuple[str, ...]] = {
+    "cdi_dir": ("CDI_ROOT",),
+    "plugins_registry_dir": ("KUBELET_REGISTRAR_DIRECTORY_PATH",),
+}
+"""Field → the environment variables of NVIDIA's DRA driver (gpu-kubelet-plugin) for settings
+devplug has too, read like :data:`ENV_NAMES` (for ``--api dra``)."""
 
 _LIST_FIELDS = frozenset({"device_list_strategy", "imex_channel_ids", "cdi_feature_flags"})
 
@@ -74,6 +80,9 @@ _FLAG_ALIASES = {
     "--nvidia-dev-root": "--dev-root",
     "--nvidia-ctk-path": "--nvidia-cdi-hook-path",
     "--container-driver-root": "--driver-root-ctr-path",
+    # NVIDIA's DRA driver's flags where devplug has the same setting.
+    "--cdi-root": "--cdi-dir",
+    "--kubelet-registrar-directory-path": "--plugins-registry-dir",
 }
 
 # Config-file field → settings field ("plugin." marks flags.plugin.*).
@@ -105,7 +114,7 @@ class _UpstreamEnv(PydanticBaseSettingsSource):
     """NVIDIA's unprefixed environment variables (``MIG_STRATEGY=mixed``)."""
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        for env in ENV_NAMES.get(field_name, ()):
+        for env in (*ENV_NAMES.get(field_name, ()), *DRA_ENV_NAMES.get(field_name, ())):
             if env in os.environ:
                 return os.environ[env], env, False
         return None, "", False

@@ -33,7 +33,7 @@ from devplug_nvidia.discovery import GPU_RESOURCE, discover_devices, nvml_source
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import AsyncGenerator, Collection, Sequence
+    from collections.abc import AsyncGenerator, Callable, Collection, Sequence
 
     from devplug.models import AllocatedDevice, Claim, Device, OpaqueConfig
     from devplug_nvidia._cdi_driver import DriverFiles
@@ -165,9 +165,9 @@ class NvidiaDraPlugin(DevicePlugin):
         ]
 
 
-def run_dra(settings: NvidiaSettings, prog: str) -> int:
+def run_dra(settings: NvidiaSettings, prog: str, *, started: Callable[[], object] | None = None) -> int:
     """``devplug-nvidia --api dra``: discovery, then serve until SIGTERM; the exit status
-    (2: bad configuration, 1: discovery failed)."""
+    (2: bad configuration, 1: discovery failed). ``started`` is called once discovery is done."""
     from devplug.dra import serve
 
     if settings.driver_name is None:
@@ -177,7 +177,8 @@ def run_dra(settings: NvidiaSettings, prog: str) -> int:
     except (DevplugError, OSError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
-    log.info("dra_devices", driver=settings.driver_name, devices=[d.name for d in plugin.devices])
+    if started is not None:
+        started()
     try:
         anyio.run(serve, plugin, settings, backend="asyncio")
     except Exception as exc:
