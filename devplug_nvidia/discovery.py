@@ -280,7 +280,8 @@ def _mig_records(
     nvml: Nvml, parent: Any, gpu: GpuRecord, minors: dict[str, int], *, details: bool = False
 ) -> list[GpuRecord]:
     parent_bytes = int(nvml.call("nvmlDeviceGetMemoryInfo", parent).total)
-    profiles = profile_table(nvml, parent) if details else {}
+    # The GPU's profiles: NVML names an instance's profile by its ID, the names go by the index.
+    profiles = profile_table(nvml, parent)
     records = []
     for slot in range(nvml.call("nvmlDeviceGetMaxMigDeviceCount", parent)):
         try:
@@ -298,9 +299,11 @@ def _mig_records(
             compute_slices=int(attrs.computeInstanceSliceCount),
             memory_mb=int(attrs.memorySizeMB),
             parent_memory_bytes=parent_bytes,
-            # With details the profile's index is known (the suffix goes by the index, not by
-            # the ID NVML reports for the instance); the device-plugin path keeps its lookup.
-            gi_profile_id=_gi_profile_id(nvml, parent, gi) if instance is None else instance.profile_index,
+            # The suffix goes by the profile's index, not by the ID NVML reports for the
+            # instance (19 is 1g.10gb on an A100 80GB, whose index is 0).
+            gi_profile_id=_gi_profile_index(nvml, parent, gi, profiles)
+            if instance is None
+            else instance.profile_index,
         )
         try:
             caps = mig_cap_paths(minors, gpu.minor, gi, ci)
@@ -334,12 +337,17 @@ def _mig_records(
     return records
 
 
-def _gi_profile_id(nvml: Nvml, parent: Any, gi: int) -> int | None:
-    # The profile ID carries the +me / +gfx / -me attributes; without it (no permission to look
-    # up instances) the name is the plain <G>g.<GB>gb.
+def _gi_profile_index(nvml: Nvml, parent: Any, gi: int, profiles: dict[int, Any]) -> int | None:
+    """The ``NVML_GPU_INSTANCE_PROFILE_*`` index of GPU instance ``gi``'s profile.
+
+    The index carries the +me / +gfx / -me attributes; NVML reports the instance's profile by
+    its ID, found again among ``profiles``. Without it (no permission to look up instances) the
+    name is the plain ``<G>g.<GB>gb``.
+    """
     try:
         instance = nvml.call("nvmlDeviceGetGpuInstanceById", parent, gi)
-        return int(nvml.call("nvmlGpuInstanceGetInfo", instance).profileId)
+        profile_id = int(nvml.call("nvmlGpuInstanceGetInfo", instance).profileId)
     except NvmlError as exc:
         log.warning("mig_gpu_instance_unreadable", gpu_instance=gi, error=str(exc))
         return None
+    return next((index for index, p in sorted(profiles.items()) if int(p.id) == profile_id), None)

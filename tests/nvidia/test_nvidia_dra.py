@@ -423,3 +423,16 @@ def test_the_device_plugin_discovery_makes_no_extra_nvml_call(tmp_path: Path) ->
     assert [
         replace(r, details=None, mig=r.mig and replace(r.mig, gpu_instance=None)) for r in detailed
     ] == plain
+
+
+def test_device_plugin_mig_names_go_by_the_profile_index_not_nvmls_id(tmp_path: Path) -> None:
+    """NVML reports a GPU instance's profile by ID (19 = 1g.10gb, 20 = 1g.10gb+me on an A100
+    80GB); the device-plugin path names MIG resources from the index those IDs map to."""
+    from devplug_nvidia._nvml import Nvml
+    from devplug_nvidia.discovery import discover_devices
+
+    root = write_root(EXAMPLE, tmp_path)
+    with Nvml.open(FakeNvml(EXAMPLE), driver_root=str(root)) as nvml:
+        records = discover_devices(nvml, sysfs=root / "sys", proc=root / "proc")
+    profiles = sorted(r.mig.profile for r in records if r.mig is not None)
+    assert profiles == ["1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb+me"]
