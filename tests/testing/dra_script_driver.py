@@ -224,7 +224,7 @@ async def main() -> int:
     registration = [(reg_grpc.add_RegistrationServicer_to_server, Registration(d))]
     if "reg-first" in d.faults:
         servers = [await serve(d.reg_socket, *registration)]
-        await anyio.sleep(0.5)
+        await anyio.sleep(1.5)
         servers.append(await serve(d.dra_socket, *dra))
     else:
         servers = [await serve(d.dra_socket, *dra), await serve(d.reg_socket, *registration)]

@@ -52,7 +52,7 @@ async def test_a_device_not_reported_again_becomes_unknown(
     await dra_kubelet.wait_for_health(DRIVER, lambda h: h == {DEV0: "Healthy", DEV1: "Healthy"})
     sent = time.monotonic()
     health = await dra_kubelet.wait_for_health(DRIVER, lambda h: h[DEV0] == "Unknown")
-    assert 0.4 < time.monotonic() - sent < 1.5
+    assert time.monotonic() - sent > 0.4  # not before its timeout
     assert health[DEV1] == "Healthy"
     await dra_kubelet.wait_for_health(DRIVER, lambda h: h[DEV1] == "Unknown", timeout=3)
     # A new report brings both back.
@@ -193,16 +193,18 @@ async def test_slices_go_some_time_after_the_driver_disconnected(
 async def test_the_wipe_is_cancelled_when_an_instance_comes_back_in_time(
     dra_kubelet: FakeKubelet, dra_api: FakeKubeAPI, make_dra_driver: MakeDraDriver
 ) -> None:
-    dra_kubelet.wipe_delay = 1.0
+    dra_kubelet.wipe_delay = 3.0
     old = await make_dra_driver("a", reg_name="a-reg.sock")
     await dra_kubelet.wait_for_usable(DRIVER)
     await add_slices(dra_api, ("a", NODE, DRIVER))
     await old.stop()
     await dra_kubelet.wait_for_dra(lambda: DRIVER not in dra_kubelet.dra_drivers)
+    gone = time.monotonic()
     # A rolling update: the new pod registers its own sockets before the delay is over.
     await make_dra_driver("b", reg_name="b-reg.sock")
     await dra_kubelet.wait_for_usable(DRIVER)
-    await anyio.sleep(1.3)
+    assert time.monotonic() - gone < 3.0
+    await anyio.sleep(gone + 3.3 - time.monotonic())
     assert names(dra_api) == {"a"}
 
 
