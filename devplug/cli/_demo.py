@@ -7,23 +7,21 @@ process, and they speak gRPC over unix sockets exactly as on a node.
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 import anyio
 
-from devplug.cli._narration import Narrator, write_state
-from devplug.logging import configure as configure_logging
+from devplug.cli._narration import Narrator, tell, write_state
 from devplug.models import Health
 from devplug.testing import FakeKubelet
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from devplug.models import Device
 
 RESOURCE = "example.com/fake"
@@ -132,21 +130,4 @@ def main(out: TextIO | None = None, pace: float | None = None, *, dra: bool = Fa
         from devplug.cli import _demo_dra
 
         return _demo_dra.main(out, pace)
-    stream = out or sys.stdout
-    if pace is None:
-        pace = 0.8 if stream.isatty() else 0.0
-    # The fake kubelet logs what it does; the narration says it better here.
-    configure_logging("console", "warning")
-    workdir = Path(tempfile.mkdtemp(prefix="devplug-demo-"))
-    try:
-        anyio.run(_demo, workdir, stream, pace, backend="asyncio")
-    except Exception as exc:
-        print(f"devplug demo failed: {exc}", file=sys.stderr)
-        log = workdir / "plugin.log"
-        if log.exists():
-            sys.stderr.write(log.read_text()[-4000:])
-        return 1
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    print("done: everything above ran over real gRPC on unix sockets; nothing was left behind.", file=stream)
-    return 0
+    return tell(_demo, name="devplug demo", out=out, pace=pace, over="real gRPC on unix sockets")

@@ -9,11 +9,9 @@ process, and everything is removed at the end.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from devplug.cli._narration import Narrator, write_state
-from devplug.logging import configure as configure_logging
+from devplug.cli._narration import Narrator, tell, write_state
 from devplug.testing import FakeKubeAPI, FakeKubelet
 
 if TYPE_CHECKING:
@@ -194,23 +191,5 @@ async def _story(scene: _Scene) -> None:
 
 def main(out: TextIO | None = None, pace: float | None = None) -> int:
     """Run the DRA demo; returns the exit status (0 on success)."""
-    stream = out or sys.stdout
-    if pace is None:
-        pace = 0.8 if stream.isatty() else 0.0
-    configure_logging("console", "warning")
-    workdir = Path(tempfile.mkdtemp(prefix="devplug-demo-"))
-    try:
-        anyio.run(_demo, workdir, stream, pace, backend="asyncio")
-    except Exception as exc:
-        print(f"devplug demo --dra failed: {exc}", file=sys.stderr)
-        log = workdir / "plugin.log"
-        if log.exists():
-            sys.stderr.write(log.read_text()[-4000:])
-        return 1
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    print(
-        "done: everything above ran over real gRPC on unix sockets and HTTP; nothing was left behind.",
-        file=stream,
-    )
-    return 0
+    over = "real gRPC on unix sockets and HTTP"
+    return tell(_demo, name="devplug demo --dra", out=out, pace=pace, over=over)

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
 
+from devplug.logging import configure as configure_logging
+
 if TYPE_CHECKING:
-    from pathlib import Path
+    from collections.abc import Awaitable, Callable
     from typing import TextIO
 
 
@@ -44,3 +50,36 @@ def write_state(path: Path, devices: list[dict[str, object]]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"devices": devices}))
     os.replace(tmp, path)
+
+
+def tell(
+    story: Callable[[Path, TextIO, float], Awaitable[None]],
+    *,
+    name: str,
+    out: TextIO | None,
+    pace: float | None,
+    over: str,
+) -> int:
+    """Run ``story(workdir, out, pace)`` in a temporary directory that is removed at the end.
+
+    ``pace``: seconds to pause after the main steps; default 0.8 on a terminal, 0 otherwise.
+    Returns 0, or 1 with the failure and the end of ``plugin.log`` on stderr.
+    """
+    stream = out or sys.stdout
+    if pace is None:
+        pace = 0.8 if stream.isatty() else 0.0
+    # The fakes log what they do; the narration says it better here.
+    configure_logging("console", "warning")
+    workdir = Path(tempfile.mkdtemp(prefix="devplug-demo-"))
+    try:
+        anyio.run(story, workdir, stream, pace, backend="asyncio")
+    except Exception as exc:
+        print(f"{name} failed: {exc}", file=sys.stderr)
+        log = workdir / "plugin.log"
+        if log.exists():
+            sys.stderr.write(log.read_text()[-4000:])
+        return 1
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"done: everything above ran over {over}; nothing was left behind.", file=stream)
+    return 0

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import grpc
 
-from devplug import DevicePlugin, Settings
-from devplug._dra.driver import DraDriver
+from devplug import DevicePlugin
 from devplug._proto.dra.v1 import api_pb2 as v1
 from devplug._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug._proto.dra.v1beta1 import api_pb2 as v1beta1
@@ -20,37 +19,19 @@ from devplug._proto.drahealth.v1alpha1 import api_pb2 as health_pb
 from devplug._proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from devplug.testing import FakeKubeAPI
+from devplug.dra import DraDriver
+from devplug.testing import FakeKubeAPI, serving_dra
 
 NODE = "node-1"
 
 
-def dra_settings(root: Path, kubeconfig: Path, **overrides: object) -> Settings:
-    values: dict[str, object] = {
-        "api": "dra",
-        "kubelet_root": root / "kubelet",
-        "node_name": NODE,
-        "kubeconfig": kubeconfig,
-        "cdi_dir": root / "cdi",
-        "shutdown_grace": 0.2,
-    }
-    values.update(overrides)
-    return Settings(**values)  # type: ignore[arg-type]
-
-
-@asynccontextmanager
-async def driving(
+def driving(
     plugins: Sequence[DevicePlugin], api: FakeKubeAPI, root: Path, **overrides: object
-) -> AsyncIterator[DraDriver]:
-    """A DraDriver for ``plugins`` against ``api``, serving while the block runs."""
-    settings = dra_settings(root, api.write_kubeconfig(root / "kubeconfig"), **overrides)
-    driver = DraDriver(list(plugins), settings)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(driver.run)
-        with anyio.fail_after(10):
-            await driver.wait_started()
-        yield driver
-        tg.cancel_scope.cancel()
+) -> AbstractAsyncContextManager[DraDriver]:
+    """A DraDriver for ``plugins`` against ``api``, serving while the block runs (the testing
+    kit's serving_dra, with the CDI directory beside the kubelet root as the tests expect it)."""
+    values: dict[str, Any] = {"cdi_dir": root / "cdi", **overrides}
+    return serving_dra(list(plugins), api, root / "kubelet", node_name=NODE, **values)
 
 
 async def get_info(path: Path) -> Any:

@@ -39,7 +39,7 @@ async def test_probes_metrics_and_a_claim(short_dir: Path) -> None:
         async with plugin(
             log, "devplug_fake", *args(short_dir, kubeconfig, "--metrics-address", f"127.0.0.1:{port}")
         ):
-            await api.wait_for_slices(node=NODE, driver=DRIVER, count=1, timeout=15)
+            await api.wait_for_slices(node=NODE, driver=DRIVER, count=1, timeout=30)
             status, _, body = await get(port, "/readyz")
             assert status == 503
             assert b"not registered" in body
@@ -113,7 +113,7 @@ async def test_devplug_run_serves_any_plugin_class_as_a_driver(short_dir: Path) 
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
         async with await anyio.open_process(argv, stdout=subprocess.DEVNULL, env=env) as process:
-            slices = await api.wait_for_slices(node=NODE, driver="widget.example.com", count=1, timeout=15)
+            slices = await api.wait_for_slices(node=NODE, driver="widget.example.com", count=1, timeout=30)
             assert sorted(d["name"] for d in slices[0]["spec"]["devices"]) == ["w0", "w1", "w2", "w3"]
             process.send_signal(signal.SIGTERM)
             with anyio.fail_after(5):

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import grpc
+import lightkube
 import pytest
 
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
@@ -250,6 +251,21 @@ def make_plugin(plugins: list[RawPlugin]) -> Callable[..., Awaitable[RawPlugin]]
 # -- DRA: a fake API server, a fake kubelet in DRA mode, raw DRA drivers ------------------------------
 
 MakeDraDriver = Callable[..., Awaitable[RawDraDriver]]
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeKubeAPI]:
+    """A started FakeKubeAPI with the node ``node-1`` (a test module may define its own)."""
+    async with FakeKubeAPI() as server:
+        server.add_node(DRA_NODE)
+        yield server
+
+
+@pytest.fixture
+async def client(api: FakeKubeAPI) -> AsyncIterator[lightkube.AsyncClient]:
+    """A lightkube client of ``api``."""
+    async with api.client() as c:
+        yield c
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import lightkube
@@ -17,19 +16,6 @@ from devplug.testing import FakeKubeAPI
 from tests.testing.test_kubeapi_kit import DRIVER, NODE, SLICES, device, post_slice, raw, slice_body
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeKubeAPI]:
-    async with FakeKubeAPI() as server:
-        server.add_node(NODE)
-        yield server
-
-
-@pytest.fixture
-async def client(api: FakeKubeAPI) -> AsyncIterator[lightkube.AsyncClient]:
-    async with api.client() as c:
-        yield c
 
 
 async def create(client: lightkube.AsyncClient, **kwargs: object) -> ResourceSlice:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import lightkube
 import pytest
 from lightkube import ApiError
@@ -14,19 +12,6 @@ from devplug.testing import FakeKubeAPI
 from tests.testing.test_kubeapi_kit import DRIVER, NODE, device, slice_body
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeKubeAPI]:
-    async with FakeKubeAPI() as server:
-        server.add_node(NODE)
-        yield server
-
-
-@pytest.fixture
-async def client(api: FakeKubeAPI) -> AsyncIterator[lightkube.AsyncClient]:
-    async with api.client() as c:
-        yield c
 
 
 async def test_claims_namespaced_listed_across_namespaces_and_status_written(

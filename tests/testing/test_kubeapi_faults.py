@@ -24,12 +24,6 @@ async def api() -> AsyncIterator[FakeKubeAPI]:
         yield server
 
 
-@pytest.fixture
-async def client(api: FakeKubeAPI) -> AsyncIterator[lightkube.AsyncClient]:
-    async with api.client() as c:
-        yield c
-
-
 async def test_outage_refuses_and_resets_then_restore_serves_the_same_objects(
     api: FakeKubeAPI, client: lightkube.AsyncClient
 ) -> None:

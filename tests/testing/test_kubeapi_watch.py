@@ -25,12 +25,6 @@ async def api() -> AsyncIterator[FakeKubeAPI]:
         yield server
 
 
-@pytest.fixture
-async def client(api: FakeKubeAPI) -> AsyncIterator[lightkube.AsyncClient]:
-    async with api.client() as c:
-        yield c
-
-
 async def first(client: lightkube.AsyncClient, n: int, **kwargs: Any) -> list[tuple[str, str, int]]:
     """The first ``n`` events of a watch: (type, name, resourceVersion)."""
     seen: list[tuple[str, str, int]] = []
