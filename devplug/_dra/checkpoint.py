@@ -42,7 +42,7 @@ class PreparedClaim:
 
 
 class Checkpoint:
-    """``checkpoint.json`` in the driver's data directory."""
+    """``state/checkpoint.json`` in the driver's data directory."""
 
     def __init__(self, path: Path, driver: str, node: str) -> None:
         self.path = path

@@ -172,14 +172,9 @@ class Preparer:
                 record.resources.append(plugin.resource_name)
                 own_spec = _handed_spec(ref, own_spec, prepared)
             _record_spec(record, self.driver, ref, edits, own_spec)
-            if record.spec_file:
-                await anyio.to_thread.run_sync(self._write_spec, record)
-            self.checkpoint.claims[ref.uid] = record
-            try:
-                await anyio.to_thread.run_sync(self.checkpoint.save)
-            except OSError as exc:
-                del self.checkpoint.claims[ref.uid]
-                raise ClaimError(f"claim {ref}: the checkpoint cannot be written: {exc.strerror}") from None
+            # One trip to a worker thread: the spec first (it must exist before the kubelet is
+            # answered), then the checkpoint that records it.
+            await anyio.to_thread.run_sync(self._persist, ref, record)
         except BaseException:
             if ref.uid not in self.checkpoint.claims:
                 # Nothing recorded: undo what was done for this claim, as an unprepare would.
@@ -272,6 +267,21 @@ class Preparer:
                     )
                 )
         return answer
+
+    def _persist(self, ref: ClaimRef, record: PreparedClaim) -> None:
+        """Write ``record``'s spec, then checkpoint it (in a worker thread).
+
+        Raises:
+            ClaimError: either could not be written; the claim is then not recorded.
+        """
+        if record.spec_file:
+            self._write_spec(record)
+        self.checkpoint.claims[ref.uid] = record
+        try:
+            self.checkpoint.save()
+        except OSError as exc:
+            del self.checkpoint.claims[ref.uid]
+            raise ClaimError(f"claim {ref}: the checkpoint cannot be written: {exc.strerror}") from None
 
     async def _restore_spec(self, record: PreparedClaim) -> None:
         if record.spec_file and not (self.cdi_dir / record.spec_file).exists():

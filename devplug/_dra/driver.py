@@ -90,7 +90,9 @@ class DraDriver:
         self.dra_socket = _fitting(self.data_dir, f"dra{suffix}.sock")
         self.registration_socket = _fitting(settings.plugins_registry_dir, f"{self.driver}{suffix}-reg.sock")
         self.inventory = Inventory(self.plugins)
-        self.checkpoint = Checkpoint(self.data_dir / FILE_NAME, self.driver, self.node)
+        # State lives below the sockets' directory: its writes do not wake the socket watcher.
+        self.state_dir = self.data_dir / "state"
+        self.checkpoint = Checkpoint(self.state_dir / FILE_NAME, self.driver, self.node)
         self.stats = DraStats()
         self.registered = False
         self.registration_error: str | None = None
@@ -186,7 +188,7 @@ class DraDriver:
             ConfigError: a directory that cannot be created, no usable kubeconfig, a metrics
                 address that cannot be bound.
         """
-        for directory in (self.data_dir, self.settings.plugins_registry_dir):
+        for directory in (self.state_dir, self.settings.plugins_registry_dir):
             try:
                 make_directories(directory)
             except OSError as exc:
@@ -208,7 +210,7 @@ class DraDriver:
             cdi_dir=self.settings.cdi_dir,
             fetch_claim=_claim_reader(kube, self.publisher.errors),
             log=self._log,
-            lock_file=self.data_dir / "serialize.lock" if self.settings.pod_uid else None,
+            lock_file=self.state_dir / "serialize.lock" if self.settings.pod_uid else None,
         )
         self._probe_server = await self._probes()
 

@@ -46,6 +46,7 @@ class SlicePublisher:
         self._dirty = anyio.Event()
         self._pool: Pool | None = None
         self._generation = 0
+        self._wanted_cache: tuple[tuple[int, bool], list[list[dict[str, Any]]]] | None = None
         self.taints_supported = True
         """False once the API server has dropped a device taint: unhealthy devices are left out."""
         self.in_sync = False
@@ -150,6 +151,10 @@ class SlicePublisher:
             backoff.reset()
 
     def _wanted(self, snapshot: Snapshot) -> list[list[dict[str, Any]]]:
+        """The slices' device lists for ``snapshot`` (built once per version and taint mode)."""
+        key = (snapshot.version, self.taints_supported)
+        if self._wanted_cache is not None and self._wanted_cache[0] == key:
+            return self._wanted_cache[1]
         devices = []
         for entry in snapshot.entries:
             if not self.taints_supported and not entry.device.healthy:
@@ -158,7 +163,9 @@ class SlicePublisher:
                 devices.append(device_entry(entry, self.driver, taint_unhealthy=self.taints_supported))
             except ValueError as exc:
                 self._log.error("device_not_published", device=entry.device.id, error=str(exc))
-        return chunks(devices)
+        wanted = chunks(devices)
+        self._wanted_cache = (key, wanted)
+        return wanted
 
     async def _reconcile(self, snapshot: Snapshot) -> None:
         assert self._pool is not None
@@ -206,8 +213,10 @@ class SlicePublisher:
                         self._check_taints(obj, stored)
                     self.writes[verb] += 1
                 except KubeError as exc:
-                    if verb == "delete" and exc.status == 404:
+                    if exc.status == 404 and verb != "create":
+                        # Deleted meanwhile (a wipe in progress): plan again from what is left.
                         self._cache.pop(name, None)
+                        self._dirty.set()
                         return
                     failures.append(exc)
                     self._failed(exc, verb=verb, obj=f"resourceslices/{name}")

@@ -244,7 +244,7 @@ def test_sockets_and_checkpoint_lie_in_the_mounted_directories(clean_env: pytest
     assert driver.driver == DRIVER
     assert driver.data_dir == settings.dra_plugins_dir / DRIVER
     assert driver.dra_socket.parent == driver.data_dir
-    assert driver.checkpoint.path.parent == driver.data_dir
+    assert driver.checkpoint.path.parent.parent == driver.data_dir  # state/, under the mount
     assert driver.registration_socket.parent == settings.plugins_registry_dir
     # Per-pod names, for rolling updates; short enough not to be hashed.
     assert driver.dra_socket.name == f"dra-{POD_UID}.sock"
