@@ -257,6 +257,10 @@ async def _send_stream(conn: h11.Connection, stream: SocketStream, response: Str
             async for chunk in response.chunks:
                 await stream.send(conn.send(h11.Data(data=chunk)) or b"")
             await stream.send(conn.send(h11.EndOfMessage()) or b"")
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            # The client went away while the watch was being sent (a driver that exits): inside
+            # the task group this would otherwise surface as an exception group.
+            peer_gone = True
         finally:
             with anyio.CancelScope(shield=True):
                 await response.chunks.aclose()
