@@ -16,6 +16,8 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.lowlevel
 import grpc
 import structlog
 
@@ -166,7 +168,12 @@ class SocketServer:
         self._server = server
         self._identity = file_identity(self.path)
         try:
-            await self._check(self.path)
+            # Shielded (each check has its own 2 s deadline): a grpc.aio call cancelled from
+            # outside can raise a CancelledError of its own that escapes the cancel scope which
+            # asked for it (seen with SIGTERM arriving during start-up). A cancellation that came
+            # meanwhile is delivered at the checkpoint below.
+            with anyio.CancelScope(shield=True):
+                await self._check(self.path)
         except (grpc.aio.AioRpcError, TimeoutError) as exc:
             if not self.alive():
                 # A restarting kubelet deleted the socket already; the caller sees the socket
@@ -176,6 +183,7 @@ class SocketServer:
             await self.stop(0)
             why = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else "no answer within 2 s"
             raise SocketUnavailableError(f"{self.path} does not answer its own call: {why}") from None
+        await anyio.lowlevel.checkpoint()
 
     def alive(self) -> bool:
         """True while the socket file is still the one this server created."""
@@ -193,7 +201,7 @@ class SocketServer:
         self._identity = None
 
 
-async def self_dial(path: Path, timeout: float = 2.0) -> None:
+async def self_dial(path: Path, timeout: float = 2.0) -> None:  # noqa: ASYNC109 - a grpc deadline
     """Call GetDevicePluginOptions on ``path`` as the kubelet will during Register.
 
     Not wait-for-ready: the server is already listening, so a refused connection means the

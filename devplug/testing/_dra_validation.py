@@ -92,7 +92,9 @@ def check_prepare(claims: Sequence[ClaimRef], answered: Mapping[str, ClaimResult
         prefix), or ``None``.
     """
     names = {uid: name for _, name, uid in claims}
-    for uid, result in answered.items():
+    # The kubelet walks the answer's map in Go's random order, so with several problems any of
+    # them may be the one reported; this fake reports them in UID order, the same every time.
+    for uid, result in sorted(answered.items()):
         if uid not in names:
             return f"{PREPARE} returned result for unknown claim UID {uid}"
         if result.error:
@@ -111,7 +113,7 @@ def check_prepare(claims: Sequence[ClaimRef], answered: Mapping[str, ClaimResult
 def check_unprepare(claims: Sequence[ClaimRef], answered: Mapping[str, str]) -> str | None:
     """The kubelet's checks on a NodeUnprepareResources answer (``unprepareResources``)."""
     names = {uid: name for _, name, uid in claims}
-    for uid, error in answered.items():
+    for uid, error in sorted(answered.items()):
         if uid not in names:
             return f"{UNPREPARE} returned result for unknown claim UID {uid}"
         if error:

@@ -75,7 +75,7 @@ async def test_probes_metrics_and_a_claim(short_dir: Path) -> None:
         assert not registration.exists()
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.05, 0.3, 0.8])
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.3, 0.6, 0.8, 1.0])
 async def test_sigterm_at_any_moment_exits_0_and_leaves_no_socket(short_dir: Path, delay: float) -> None:
     import sys
 
