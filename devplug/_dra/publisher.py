@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 RESYNC = 60.0
 """Seconds between reconciles when nothing happens (a missed event cannot outlive this)."""
 PARALLEL_WRITES = 8
+SETTLE = 0.01
+"""Seconds a burst of deletions gets to arrive before the pool is written again."""
 
 
 class SlicePublisher:
@@ -46,6 +48,7 @@ class SlicePublisher:
         self._dirty = anyio.Event()
         self._pool: Pool | None = None
         self._generation = 0
+        self._settle = False
         self._wanted_cache: tuple[tuple[int, bool], list[list[dict[str, Any]]]] | None = None
         self.taints_supported = True
         """False once the API server has dropped a device taint: unhealthy devices are left out."""
@@ -118,6 +121,7 @@ class SlicePublisher:
             return  # our own write already told us more
         if kind == "DELETED":
             self._cache.pop(name, None)
+            self._settle = True
             self._log.info("resourceslice_deleted", slice=name)
         else:
             self._cache[name] = obj
@@ -137,6 +141,11 @@ class SlicePublisher:
         while True:
             with anyio.move_on_after(RESYNC):
                 await self._dirty.wait()
+            if self._settle:
+                # Deletions come in bursts (the kubelet's DeleteCollection at its start): let the
+                # burst arrive, then write the pool once, at one new generation.
+                self._settle = False
+                await anyio.sleep(SETTLE)
             self._dirty = anyio.Event()
             snapshot = self.inventory.current
             if not snapshot.complete:
