@@ -35,6 +35,7 @@ class Settings(BaseSettings):
         use_attribute_docstrings=True,
         cli_kebab_case=True,
         cli_implicit_flags=True,
+        cli_hide_none_type=True,  # "--node-name str", not "{str,null}"
     )
 
     api: Literal["device-plugin", "dra"] = "device-plugin"

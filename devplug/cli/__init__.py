@@ -58,12 +58,20 @@ def _split_run(args: list[str]) -> tuple[str, list[str]]:
     for index, arg in enumerate(args):
         if _TARGET.fullmatch(arg):
             return arg, args[:index] + args[index + 1 :]
-    wrong = next((a for a in args if not a.startswith("-")), None)
+    # A word that is not an option's value (``--api dra``) was meant as the target.
+    wrong = next(
+        (a for i, a in enumerate(args) if not a.startswith("-") and not (i and _takes_value(args[i - 1]))),
+        None,
+    )
     _fail(
         f"expected MODULE:CLASS, got {wrong!r}"
         if wrong
         else "the following arguments are required: MODULE:CLASS"
     )
+
+
+def _takes_value(arg: str) -> bool:
+    return arg.startswith("--") and "=" not in arg
 
 
 def _cmd_run(target: str, rest: list[str]) -> int:

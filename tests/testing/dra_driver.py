@@ -211,6 +211,9 @@ class _Health:
                         for pool, device, health, timeout in d.health
                     ]
                 )
+                # A change (or the end) may have come while this was suspended at the yield:
+                # look again before waiting, or that change would be missed.
+                continue
             await d.changed()
 
 
