@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import anyio
 
 from devplug._core.runner import Plugins, PluginSource, Reload, _as_list, serve
-from devplug._core.signals import handle_signals
+from devplug._core.signals import until_signalled
 from devplug.errors import ConfigError
 from devplug.logging import configure as configure_logging
 from devplug.plugin import DevicePlugin
@@ -65,6 +65,11 @@ def run(
                 reload = None
             main = partial(serve, resolved, settings, reload=reload)
         anyio.run(main, backend="asyncio")
+    except KeyboardInterrupt:
+        # Ctrl-C before the signal handlers were in place (reading options, connecting, or
+        # an import): nothing was served yet, so nothing is left to remove.
+        print(f"{name}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
     except ConfigError as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -104,11 +109,10 @@ async def serve_with_signals(
     main: Callable[[], Awaitable[None]], target: _Dumps, *, handle: bool = True
 ) -> None:
     """Run ``main`` until it returns or SIGTERM / SIGINT (SIGUSR1 logs ``target.debug_state()``)."""
-    async with anyio.create_task_group() as tg:
-        if handle:
-            tg.start_soon(partial(handle_signals, tg, dump=target.debug_state))
+    if handle:
+        await until_signalled(main, dump=target.debug_state)
+    else:
         await main()
-        tg.cancel_scope.cancel()
 
 
 def _resolve(plugins: Plugins | Callable[[S], Plugins], settings: S) -> Plugins:

@@ -6,7 +6,6 @@ import datetime
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import anyio
@@ -15,7 +14,7 @@ import structlog
 from devplug._core.backoff import Backoff
 from devplug._core.introspect import not_ready_reason, resource_state
 from devplug._core.resource import ResourceRunner, ResourceStatus, RestartReason
-from devplug._core.signals import handle_signals as handle_signals_of
+from devplug._core.signals import until_signalled
 from devplug._core.sockets import directory_exposure, make_directories
 from devplug._core.telemetry import ResourceCounters
 from devplug._core.watch import DirWatcher
@@ -188,6 +187,12 @@ class Runner:
                 port cannot be bound; a kubelet directory is writable by every user and
                 ``insecure_dir`` is refuse.
         """
+        if handle_signals:
+            await until_signalled(self._serve, reload=self.reload, dump=self.debug_state)
+        else:
+            await self._serve()
+
+    async def _serve(self) -> None:
         settings = self.settings
         _check_directories(settings)
         if settings.metrics_address:
@@ -207,8 +212,6 @@ class Runner:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg, self._watcher = tg, watcher
-                if handle_signals:
-                    tg.start_soon(partial(handle_signals_of, tg, reload=self.reload, dump=self.debug_state))
                 if self.probes is not None:
                     tg.start_soon(self.probes.serve)
                 await tg.start(watcher.run)

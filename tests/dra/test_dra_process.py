@@ -119,3 +119,31 @@ async def test_devplug_run_serves_any_plugin_class_as_a_driver(short_dir: Path) 
             with anyio.fail_after(5):
                 assert await process.wait() == 0
         assert not (short_dir / "k" / "plugins" / "widget.example.com" / "dra.sock").exists()
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
+async def test_a_second_signal_during_shutdown_changes_nothing(
+    short_dir: Path, second: signal.Signals
+) -> None:
+    """SIGTERM, then SIGTERM or Ctrl-C 2 ms later: exit 0, no traceback, no socket left."""
+    import subprocess
+    import sys
+
+    async with FakeKubeAPI() as api:
+        api.add_node(NODE)
+        kubeconfig = api.write_kubeconfig(short_dir / "kc")
+        argv = [sys.executable, "-m", "devplug_fake", *args(short_dir, kubeconfig), "--log-format", "json"]
+        async with await anyio.open_process(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        ) as process:
+            await api.wait_for_slices(node=NODE, driver=DRIVER, count=1, timeout=30)
+            process.send_signal(signal.SIGTERM)
+            await anyio.sleep(0.002)
+            process.send_signal(second)
+            with anyio.fail_after(5):
+                code = await process.wait()
+            assert process.stderr is not None
+            err = b"".join([chunk async for chunk in process.stderr]).decode()
+    assert code == 0, err[-2000:]
+    assert "Traceback" not in err
+    assert not list((short_dir / "k").rglob("*.sock"))

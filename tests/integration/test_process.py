@@ -23,8 +23,15 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-async def test_signal_removes_socket_and_exits_0(short_dir: Path, signum: signal.Signals) -> None:
+@pytest.mark.parametrize(
+    "signums",
+    [(signal.SIGTERM,), (signal.SIGINT,), (signal.SIGTERM, signal.SIGTERM), (signal.SIGINT, signal.SIGINT)],
+    ids=["term", "int", "term-term", "int-int"],
+)
+async def test_signal_removes_socket_and_exits_0(
+    short_dir: Path, signums: tuple[signal.Signals, ...]
+) -> None:
+    """One signal, or a second one 2 ms later (during the clean-up): exit 0, the socket removed."""
     dp = short_dir / "dp"
     log_path = short_dir / "plugin.log"
     async with FakeKubelet(dp) as kubelet:
@@ -48,11 +55,14 @@ async def test_signal_removes_socket_and_exits_0(short_dir: Path, signum: signal
                 reg = await kubelet.wait_for_registration(RESOURCE, timeout=10)
                 await kubelet.wait_for_devices(RESOURCE)
                 assert (dp / reg.endpoint).is_socket()
-                process.send_signal(signum)
+                for signum in signums:
+                    process.send_signal(signum)
+                    await anyio.sleep(0.002)
                 with anyio.fail_after(2):
                     assert await process.wait() == 0
         assert not (dp / reg.endpoint).exists()
         assert kubelet.socket_path.is_socket()  # only its own socket is removed
+    assert "Traceback" not in log_path.read_text()
     events = [json.loads(line)["event"] for line in log_path.read_text().splitlines()]  # JSON: not a TTY
     assert events[-1] == "stopped"
     assert "signal_received" in events
