@@ -17,6 +17,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
+from devplug._version import version
 from devplug.errors import ConfigError
 from devplug.health import HealthSettings
 
@@ -181,10 +182,10 @@ def load_settings(cls: type[S], argv: list[str] | None = None, *, prog: str | No
     or an unreadable config file.
     """
     parser = _OneLineParser(prog=prog, description=(cls.__doc__ or "").strip())
-    cli: CliSettingsSource[Any] = CliSettingsSource(
-        cls, root_parser=parser, cli_parse_args=sys.argv[1:] if argv is None else argv, cli_prog_name=prog
-    )
-    cli_values: dict[str, Any] = cli()
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    cli: CliSettingsSource[Any] = CliSettingsSource(cls, root_parser=parser, cli_prog_name=prog)
+    word_metavars(parser)  # before parsing: --help prints them
+    cli_values: dict[str, Any] = cli(args=sys.argv[1:] if argv is None else argv)()
     config = cli_values.get("config") or os.environ.get("DEVPLUG_CONFIG")
     file_values = _read_config(Path(config)) if config else {}
     # Keyword arguments beat the environment inside BaseSettings, so a file value is passed
@@ -195,6 +196,39 @@ def load_settings(cls: type[S], argv: list[str] | None = None, *, prog: str | No
         return cls(**merged)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc)) from None
+
+
+# Placeholders in --help: words, as NVIDIA's and kubectl's flags show them, rather than the
+# Python types pydantic-settings prints (Path, float, tuple[JSON,...]).
+_METAVAR_BY_NAME = {
+    "metrics_address": "HOST:PORT",
+    "kubelet_socket": "SOCKET",
+    "config": "FILE",
+    "kubeconfig": "FILE",
+    "state_file": "FILE",
+    "driver_name": "NAME",
+    "node_name": "NAME",
+    "resource": "NAME",
+    "pod_uid": "UID",
+}
+_METAVAR_BY_TYPE = {"Path": "PATH", "float": "SECONDS", "int": "N", "str": "VALUE"}
+
+
+def word_metavars(parser: argparse.ArgumentParser) -> None:
+    """Replace the type names pydantic-settings uses as placeholders with words (DIR, SECONDS...)."""
+    for action in parser._actions:
+        metavar = action.metavar
+        if not isinstance(metavar, str) or metavar.startswith("{"):
+            continue  # choices stay listed: {auto,json,console}
+        name = action.dest.rpartition(".")[2]
+        if name in _METAVAR_BY_NAME:
+            action.metavar = _METAVAR_BY_NAME[name]
+        elif metavar == "Path" and name.endswith(("_dir", "_root")):
+            action.metavar = "DIR"
+        elif metavar in _METAVAR_BY_TYPE:
+            action.metavar = _METAVAR_BY_TYPE[metavar]
+        elif metavar.startswith(("tuple[", "list[")):
+            action.metavar = "JSON"
 
 
 def read_yaml(path: Path) -> Any:

@@ -13,12 +13,13 @@ import anyio
 import structlog
 
 import devplug
+from devplug._version import version
 from devplug.errors import ConfigError, DevplugError
 from devplug.logging import configure as configure_logging
 from devplug.metrics import require_prometheus
 from devplug_nvidia._allocate import imex_channels, present_nodes
 from devplug_nvidia._fake_root import FakeRoots, with_fake_root
-from devplug_nvidia._help import wants_help
+from devplug_nvidia._help import wants_help, wants_version
 from devplug_nvidia._sharing import apply_sharing
 from devplug_nvidia.config import NvidiaSettings, load_nvidia_settings
 from devplug_nvidia.discovery import GPU_RESOURCE, InitStatus, discover_or_idle, nvml_source
@@ -45,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the plugin (or ``labels``, or ``fake-root``); returns the exit status (2: bad
     configuration, 1: init failure)."""
     args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] in (["labels"], ["fake-root"]) and wants_version(args[1:]) and not wants_help(args[1:]):
+        print(f"{PROG} {args[0]} {version()}")
+        return 0
     if args[:1] == ["labels"]:
         from devplug_nvidia import labels
 

@@ -16,11 +16,12 @@ from typing import Any
 
 from pydantic_settings import CliSettingsSource
 
-from devplug.settings import Settings
+from devplug._version import version
+from devplug.settings import Settings, word_metavars
 from devplug_nvidia._fake_root import model_names, models_help
 from devplug_nvidia.config import NvidiaSettings
 
-__all__ = ["METAVARS", "help_text", "wants_help"]
+__all__ = ["METAVARS", "help_text", "wants_help", "wants_version"]
 
 METAVARS = {
     "mig_strategy": "STRATEGY",
@@ -45,7 +46,8 @@ _TUPLE = re.compile(r"tuple\[(.+),\.\.\.\]")
 
 _USAGE = """%(prog)s [OPTIONS]
        %(prog)s labels [OPTIONS]
-       %(prog)s fake-root MODEL DIR"""
+       %(prog)s fake-root MODEL DIR
+       %(prog)s [labels | fake-root] --version"""
 
 _COMMANDS = """commands:
   labels [OPTIONS]     write gpu-feature-discovery's node labels for Node Feature
@@ -60,6 +62,11 @@ fake NVML machine models (--fake-nvml MODEL, fake-root MODEL DIR):
 def wants_help(args: list[str]) -> bool:
     """``-h`` / ``--help`` among the arguments."""
     return any(arg in ("-h", "--help") for arg in args)
+
+
+def wants_version(args: list[str]) -> bool:
+    """``--version`` among the arguments."""
+    return "--version" in args
 
 
 def _default(value: Any) -> str | None:
@@ -94,6 +101,7 @@ def help_text(prog: str) -> str:
         usage=_USAGE,
         description=(NvidiaSettings.__doc__ or "").strip(),
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     CliSettingsSource(NvidiaSettings, root_parser=parser, cli_hide_none_type=True)
     own = NvidiaSettings.model_fields.keys() - Settings.model_fields.keys()
     for action in parser._actions:
@@ -103,5 +111,6 @@ def help_text(prog: str) -> str:
             action.metavar = f"{repeated[1]}[,{repeated[1]}]"  # an option not named above
         if action.dest in own and action.help != argparse.SUPPRESS:
             action.help = _own_help(action.dest)
+    word_metavars(parser)  # the runner's options: DIR, SECONDS, HOST:PORT...
     # The epilog goes after as it is: argparse would refill its lines.
     return f"{parser.format_help()}\n{_COMMANDS}{models_help()}\n"

@@ -18,6 +18,7 @@ from devplug._core.signals import until_signalled
 from devplug._core.sockets import directory_exposure, make_directories
 from devplug._core.telemetry import ResourceCounters
 from devplug._core.watch import DirWatcher
+from devplug._version import version
 from devplug.errors import ConfigError
 from devplug.logging import configure as configure_logging
 from devplug.metrics import require_prometheus
@@ -215,7 +216,9 @@ class Runner:
                 if self.probes is not None:
                     tg.start_soon(self.probes.serve)
                 await tg.start(watcher.run)
-                log.info("started", registration=settings.registration, directory=str(directory))
+                log.info(
+                    "started", version=version(), registration=settings.registration, directory=str(directory)
+                )
                 try:
                     if isinstance(self.plugins, PluginSource):
                         async for plugins in self.plugins.watch_plugins():

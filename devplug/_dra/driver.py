@@ -46,6 +46,7 @@ from devplug._dra.servicer import (
 )
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
+from devplug._version import version
 from devplug.errors import ConfigError
 from devplug.metrics import require_prometheus
 
@@ -229,7 +230,12 @@ class DraDriver:
                 for index, plugin in enumerate(self.plugins):
                     tg.start_soon(self._feed, index, plugin)
                 tg.start_soon(self.publisher.run)
-                self._log.info("started", dra_socket=str(self.dra_socket), services=list(SUPPORTED_SERVICES))
+                self._log.info(
+                    "started",
+                    version=version(),
+                    dra_socket=str(self.dra_socket),
+                    services=list(SUPPORTED_SERVICES),
+                )
                 if not self.inventory.current.complete:
                     self._log.info("waiting_for_devices")
                 await self.inventory.newer_than(0)
