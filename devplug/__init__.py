@@ -7,19 +7,27 @@ allocations, and registers again whenever the kubelet restarts.
 Building blocks, each its own module: :mod:`devplug.policies` (preferred-allocation policies),
 :mod:`devplug.topology` (NUMA nodes from sysfs), :mod:`devplug.cdi` (CDI spec files),
 :mod:`devplug.health` (health policy) and :mod:`devplug.checks` (host-path checks).
+
+The names below are imported on first use (``from devplug import Device`` or
+``devplug.Device``): ``import devplug`` alone loads none of pydantic, structlog or grpc, so a
+command's start and a plugin's imports pay only for what they use.
 """
 
 from __future__ import annotations
 
-from devplug._core.resource import ResourceStatus
-from devplug._core.runner import Plugins, PluginSource, Runner, serve
-from devplug._main import run
-from devplug.checks import HostPathError
-from devplug.errors import ConfigError, DevplugError, KubeletError, RegistrationError
-from devplug.health import HealthPolicy, HealthSettings
-from devplug.models import ContainerAllocation, Device, DeviceSpec, Health, Mount, PluginOptions, Version
-from devplug.plugin import DevicePlugin
-from devplug.settings import Settings, load_settings
+import importlib
+import typing
+
+if typing.TYPE_CHECKING:
+    from devplug._core.resource import ResourceStatus
+    from devplug._core.runner import Plugins, PluginSource, Runner, serve
+    from devplug._main import run
+    from devplug.checks import HostPathError
+    from devplug.errors import ConfigError, DevplugError, KubeletError, RegistrationError
+    from devplug.health import HealthPolicy, HealthSettings
+    from devplug.models import ContainerAllocation, Device, DeviceSpec, Health, Mount, PluginOptions, Version
+    from devplug.plugin import DevicePlugin
+    from devplug.settings import Settings, load_settings
 
 __version__ = "0.1.0"
 
@@ -49,3 +57,46 @@ __all__ = [
     "run",
     "serve",
 ]
+
+# Where each public name lives: the same modules as the imports above, which type checkers read.
+_HOMES = {
+    "ResourceStatus": "devplug._core.resource",
+    "PluginSource": "devplug._core.runner",
+    "Plugins": "devplug._core.runner",
+    "Runner": "devplug._core.runner",
+    "serve": "devplug._core.runner",
+    "run": "devplug._main",
+    "HostPathError": "devplug.checks",
+    "ConfigError": "devplug.errors",
+    "DevplugError": "devplug.errors",
+    "KubeletError": "devplug.errors",
+    "RegistrationError": "devplug.errors",
+    "HealthPolicy": "devplug.health",
+    "HealthSettings": "devplug.health",
+    "ContainerAllocation": "devplug.models",
+    "Device": "devplug.models",
+    "DeviceSpec": "devplug.models",
+    "Health": "devplug.models",
+    "Mount": "devplug.models",
+    "PluginOptions": "devplug.models",
+    "Version": "devplug.models",
+    "DevicePlugin": "devplug.plugin",
+    "Settings": "devplug.settings",
+    "load_settings": "devplug.settings",
+}
+
+
+if not typing.TYPE_CHECKING:  # type checkers read the imports above; a misspelt name stays an error
+
+    def __getattr__(name: str) -> object:
+        """Import a public name's module the first time the name is asked for (PEP 562)."""
+        home = _HOMES.get(name)
+        if home is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value: object = getattr(importlib.import_module(home), name)
+        globals()[name] = value  # later lookups are plain attribute reads
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -6,16 +6,20 @@ to put fake resources next to real ones in a test.
 
 from __future__ import annotations
 
-from devplug_fake._config import (
-    DeviceChange,
-    FakeResource,
-    FakeSettings,
-    Faults,
-    HealthFlap,
-    Policy,
-    StateFile,
-)
-from devplug_fake._plugin import FakePlugin, PolicyFakePlugin
+import importlib
+import typing
+
+if typing.TYPE_CHECKING:
+    from devplug_fake._config import (
+        DeviceChange,
+        FakeResource,
+        FakeSettings,
+        Faults,
+        HealthFlap,
+        Policy,
+        StateFile,
+    )
+    from devplug_fake._plugin import FakePlugin, PolicyFakePlugin
 
 __all__ = [
     "DeviceChange",
@@ -30,6 +34,35 @@ __all__ = [
     "main",
 ]
 
+# Imported on first use, so that ``devplug-fake`` starts by importing this module alone and
+# loads the framework inside main().
+_HOMES = {
+    "DeviceChange": "devplug_fake._config",
+    "FakeResource": "devplug_fake._config",
+    "FakeSettings": "devplug_fake._config",
+    "Faults": "devplug_fake._config",
+    "HealthFlap": "devplug_fake._config",
+    "Policy": "devplug_fake._config",
+    "StateFile": "devplug_fake._config",
+    "FakePlugin": "devplug_fake._plugin",
+    "PolicyFakePlugin": "devplug_fake._plugin",
+}
+
+if not typing.TYPE_CHECKING:  # type checkers read the imports above
+
+    def __getattr__(name: str) -> object:
+        """Import a public name's module the first time the name is asked for (PEP 562)."""
+        home = _HOMES.get(name)
+        if home is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value: object = getattr(importlib.import_module(home), name)
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``devplug-fake``: serve the fake resources until SIGTERM / SIGINT.
@@ -38,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     object, so only the changed ones are restarted.
     """
     from devplug import run
+    from devplug_fake._config import FakeSettings
+    from devplug_fake._plugin import FakePlugin
 
     plugins: dict[FakeResource, FakePlugin] = {}
 

@@ -6,7 +6,42 @@ Same flags, environment variables and config file as NVIDIA's Go plugin
 
 from __future__ import annotations
 
-from devplug_nvidia._cli import main
-from devplug_nvidia.config import NvidiaSettings, load_nvidia_settings
+import importlib
+import typing
+
+if typing.TYPE_CHECKING:
+    from devplug_nvidia.config import NvidiaSettings, load_nvidia_settings
 
 __all__ = ["NvidiaSettings", "load_nvidia_settings", "main"]
+
+# Imported on first use, so that ``devplug-nvidia`` starts by importing this package alone
+# and loads the framework, pydantic and NVML inside main().
+_HOMES = {
+    "NvidiaSettings": "devplug_nvidia.config",
+    "load_nvidia_settings": "devplug_nvidia.config",
+}
+
+if not typing.TYPE_CHECKING:  # type checkers read the imports above
+
+    def __getattr__(name: str) -> object:
+        """Import a public name's module the first time the name is asked for (PEP 562)."""
+        home = _HOMES.get(name)
+        if home is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value: object = getattr(importlib.import_module(home), name)
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``devplug-nvidia``: run the plugin (or ``labels``, or ``fake-root``).
+
+    Returns the exit status (2: bad configuration, 1: init failure).
+    """
+    from devplug_nvidia._cli import main as serve_gpus
+
+    return serve_gpus(argv)

@@ -15,11 +15,6 @@ import re
 import sys
 from typing import NoReturn
 
-from devplug._main import run
-from devplug.cli import _conformance, _inspect
-from devplug.plugin import DevicePlugin
-from devplug.settings import _OneLineParser
-
 __all__ = ["main"]
 
 
@@ -75,6 +70,9 @@ def _takes_value(arg: str) -> bool:
 
 
 def _cmd_run(target: str, rest: list[str]) -> int:
+    from devplug._main import run
+    from devplug.plugin import DevicePlugin
+
     obj = _load(target)
     prog = f"devplug run {target}"
     if isinstance(obj, type) and issubclass(obj, DevicePlugin):
@@ -87,6 +85,11 @@ def _cmd_run(target: str, rest: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``devplug`` console script."""
+    # Imported here, not at the top: the console script's import stays small (the library,
+    # pydantic and grpc load once a command runs).
+    from devplug.cli import _conformance, _inspect
+    from devplug.settings import _OneLineParser
+
     args = sys.argv[1:] if argv is None else argv
     # One line and status 2 for a bad argument, in every sub-command (sub-parsers share the class).
     parser = _OneLineParser(prog="devplug", description="Kubernetes device plugins in async Python.")
