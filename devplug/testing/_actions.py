@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 
@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from devplug.models import ContainerAllocation, Device, PluginOptions
     from devplug.testing._manager import DeviceManager
     from devplug.testing._resource import Endpoint, Registration, ResourceView
+
+T = TypeVar("T")
 
 # gogo-protobuf's rendering of an empty AllocateResponse, as it appears in the kubelet's error.
 _EMPTY_ALLOCATE_RESPONSE = "&AllocateResponse{ContainerResponses:[]*ContainerAllocateResponse{},}"
@@ -110,6 +112,19 @@ class KubeletActions:
             return f"a registration attempt matching {predicate!r}; last attempt: {last}"
 
         return await self._manager.wait_until(check, describe, within=timeout)
+
+    async def wait_for(self, check: Callable[[], T | None], *, timeout: float | None = None) -> T:
+        """Wait until ``check()`` returns something other than ``None``, and return it.
+
+        ``check`` is called at once and again after every change the kubelet sees (a
+        registration, a list, a stream's end, a restart): it should read the state, so that no
+        change between two calls is missed. ``timeout`` ``None`` waits for ever; this is what
+        ``devplug kubelet`` follows the kubelet with.
+
+        Raises:
+            TimeoutError: after ``timeout`` seconds.
+        """
+        return await self._manager.wait_until(check, lambda: "the condition", within=timeout)
 
     async def wait_for_devices(
         self,

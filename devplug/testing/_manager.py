@@ -53,12 +53,13 @@ class DeviceManager:
             self._changed = None
 
     async def wait_until(
-        self, check: Callable[[], T | None], describe: Callable[[], str], *, within: float
+        self, check: Callable[[], T | None], describe: Callable[[], str], *, within: float | None
     ) -> T:
         """Wait until ``check()`` returns something other than ``None`` and return it.
 
         Raises:
-            TimeoutError: after ``within`` seconds, with ``describe()`` (what was seen last).
+            TimeoutError: after ``within`` seconds (``None``: never), with ``describe()`` (what was
+                seen last).
         """
         try:
             with anyio.fail_after(within):

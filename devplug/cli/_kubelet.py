@@ -1,0 +1,165 @@
+"""``devplug kubelet``: a fake kubelet to try ``devplug run`` and ``devplug inspect`` against.
+
+It keeps a :class:`~devplug.testing.FakeKubelet` serving on ``--dir`` (and the plugin watcher
+on ``--watcher-dir``) until Ctrl-C or SIGTERM, and prints what a kubelet's device manager
+learns as it happens: registrations (accepted or refused, with the kubelet's text), each
+resource's device table, health changes and streams that end. On the way out ``kubelet.sock``
+is removed; the plugins' sockets are theirs to remove.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import TYPE_CHECKING, Any, TextIO
+
+import anyio
+
+from devplug.logging import configure as configure_logging
+from devplug.testing import FakeKubelet
+
+if TYPE_CHECKING:
+    import argparse
+    from pathlib import Path
+
+    from devplug.testing import Registration
+
+Row = tuple[str, str, tuple[int, ...]]
+"""One device as the kubelet holds it: ID, health, NUMA nodes."""
+Table = tuple[str, bool, tuple[Row, ...]]
+"""One resource: the endpoint dialled, whether its stream is open, its devices."""
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``kubelet`` sub-command to ``sub`` (argparse's sub-parsers) and return its parser."""
+    from pathlib import Path
+
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "kubelet",
+        help="run a fake kubelet that plugins register with, printing what it learns",
+        description=(
+            "Serve a fake kubelet (devplug.testing.FakeKubelet) on DIR/kubelet.sock until Ctrl-C, "
+            "printing registrations, device tables and health changes as they happen. Try "
+            "'devplug run MODULE:CLASS --device-plugin-dir DIR' and 'devplug inspect DIR/SOCKET' "
+            "next to it."
+        ),
+    )
+    parser.add_argument(
+        "--dir", required=True, type=Path, metavar="DIR", help="the device-plugin directory to serve"
+    )
+    parser.add_argument(
+        "--watcher-dir",
+        type=Path,
+        metavar="DIR",
+        help="also run the plugin watcher on this plugins_registry directory",
+    )
+    return parser
+
+
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Serve until SIGINT / SIGTERM; 0 then, 2 for a directory that cannot be used."""
+    # The kit logs through structlog at info: keep its lines off the terminal's report.
+    configure_logging("console", "warning")
+    try:
+        kubelet = FakeKubelet(args.dir, plugins_registry_dir=args.watcher_dir)
+    except ValueError as exc:  # a socket path over the 107 bytes AF_UNIX allows
+        parser.error(str(exc))
+    try:
+        anyio.run(_serve, kubelet, sys.stdout, backend="asyncio")
+    except KeyboardInterrupt:  # before the signal handlers were in place
+        print("devplug kubelet: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        print(f"devplug kubelet: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def _serve(kubelet: FakeKubelet, out: TextIO) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with kubelet:
+            _say(out, f"kubelet serving {kubelet.socket_path}")
+            if kubelet.plugins_registry_dir is not None:
+                _say(out, f"plugin watcher on {kubelet.plugins_registry_dir}")
+            _say(out, "Ctrl-C to stop")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow, kubelet, out)
+                async for _ in signals:
+                    break
+                tg.cancel_scope.cancel()
+        _say(out, f"stopped; {kubelet.socket_path.name} removed")
+
+
+async def follow(kubelet: FakeKubelet, out: TextIO) -> None:
+    """Print every change of ``kubelet``'s registrations and device tables, for ever."""
+    seen = 0
+    tables: dict[str, Table] = {}
+    while True:
+
+        def changed(seen: int = seen, tables: dict[str, Table] = tables) -> dict[str, Table] | None:
+            now = _tables(kubelet)
+            return now if len(kubelet.registrations) != seen or now != tables else None
+
+        now = await kubelet.wait_for(changed)
+        for registration in kubelet.registrations[seen:]:
+            _say(out, _registration_line(registration, kubelet.device_plugin_dir))
+        seen = len(kubelet.registrations)
+        for name, table in sorted(now.items()):
+            for line in table_lines(name, tables.get(name), table):
+                _say(out, line)
+        tables = now
+
+
+def _tables(kubelet: FakeKubelet) -> dict[str, Table]:
+    return {
+        name: (
+            view.endpoint,
+            view.connected,
+            tuple((d.id, d.health.value, tuple(d.numa_nodes)) for d in view.devices),
+        )
+        for name, view in kubelet.resources.items()
+        if view.messages or not view.connected
+    }
+
+
+def _registration_line(registration: Registration, directory: Path) -> str:
+    endpoint = registration.endpoint.removeprefix(f"{directory}/")
+    if not registration.accepted:
+        return f"refused {registration.resource or endpoint}: {registration.error}"
+    options = [
+        name
+        for name, on in (
+            ("preferred-allocation", registration.options.get_preferred_allocation_available),
+            ("pre-start", registration.options.pre_start_required),
+        )
+        if on
+    ]
+    via = " (plugin watcher)" if registration.via == "watcher" else ""
+    return f"registered {registration.resource}{via} on {endpoint}; options: {', '.join(options) or 'none'}"
+
+
+def table_lines(name: str, before: Table | None, after: Table) -> list[str]:
+    """What changed in one resource, as lines to print (none when nothing did)."""
+    endpoint, connected, rows = after
+    if before is not None and before[1] and not connected:
+        return [f"{name}: stream ended; its devices are unhealthy until it registers again"]
+    old_rows = before[2] if before is not None and before[0] == endpoint else None
+    if old_rows is not None and [r[0] for r in old_rows] == [r[0] for r in rows]:
+        return [
+            f"{name}: {new[0]} {old[1]} -> {new[1]}"
+            for old, new in zip(old_rows, rows, strict=True)
+            if old[1] != new[1]
+        ]
+    if old_rows == rows:
+        return []
+    healthy = sum(r[1] == "Healthy" for r in rows)
+    lines = [f"{name}: {len(rows)} device{'s' if len(rows) != 1 else ''}, {healthy} healthy"]
+    width = max((len(r[0]) for r in rows), default=0)
+    for device_id, health, numa in rows:
+        where = f"  numa {','.join(map(str, numa))}" if numa else ""
+        lines.append(f"  {device_id:<{width}}  {health}{where}")
+    return lines
+
+
+def _say(out: TextIO, line: str) -> None:
+    print(line, file=out, flush=True)
