@@ -72,6 +72,15 @@ LAYOUTS = {
 OTHER_KUSTOMIZATIONS = ("runtimeclass",)
 DRA_KUSTOMIZATIONS = ("dra", "dra/example")
 """Checked in test_manifests_dra.py: resource.k8s.io/v1 objects, which need Kubernetes 1.34."""
+NVIDIA_DRA_KUSTOMIZATIONS = (
+    "nvidia-dra",
+    "nvidia-dra/driver",
+    "nvidia-dra/example",
+    "nvidia-dra/extended-resource",
+    "nvidia-dra/extended-resource/example",
+    "nvidia-dra/device-plugin",
+)
+"""Checked in test_manifests_nvidia_dra.py."""
 
 
 def _project() -> dict[str, Any]:
@@ -105,7 +114,9 @@ def _container(pod: dict[str, Any]) -> dict[str, Any]:
 
 def test_every_kustomization_is_checked() -> None:
     found = {str(p.parent.relative_to(DEPLOY)) for p in DEPLOY.rglob(KUSTOMIZATION)}
-    assert found == set(LAYOUTS) | set(OTHER_KUSTOMIZATIONS) | set(DRA_KUSTOMIZATIONS)
+    assert found == (
+        set(LAYOUTS) | set(OTHER_KUSTOMIZATIONS) | set(DRA_KUSTOMIZATIONS) | set(NVIDIA_DRA_KUSTOMIZATIONS)
+    )
 
 
 def test_default_kubelet_root_is_the_settings_default() -> None:
