@@ -25,7 +25,16 @@ if typing.TYPE_CHECKING:
     from devplug.checks import HostPathError
     from devplug.errors import ConfigError, DevplugError, KubeletError, RegistrationError
     from devplug.health import HealthPolicy, HealthSettings
-    from devplug.models import ContainerAllocation, Device, DeviceSpec, Health, Mount, PluginOptions, Version
+    from devplug.models import (
+        ContainerAllocation,
+        Device,
+        DeviceSpec,
+        DeviceTaint,
+        Health,
+        Mount,
+        PluginOptions,
+        Version,
+    )
     from devplug.plugin import DevicePlugin
     from devplug.settings import Settings, load_settings
 
@@ -37,6 +46,7 @@ __all__ = [
     "Device",
     "DevicePlugin",
     "DeviceSpec",
+    "DeviceTaint",
     "DevplugError",
     "Health",
     "HealthPolicy",
@@ -76,6 +86,7 @@ _HOMES = {
     "ContainerAllocation": "devplug.models",
     "Device": "devplug.models",
     "DeviceSpec": "devplug.models",
+    "DeviceTaint": "devplug.models",
     "Health": "devplug.models",
     "Mount": "devplug.models",
     "PluginOptions": "devplug.models",

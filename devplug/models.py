@@ -20,6 +20,7 @@ __all__ = [
     "ContainerAllocation",
     "Device",
     "DeviceSpec",
+    "DeviceTaint",
     "Health",
     "Mount",
     "OpaqueConfig",
@@ -39,6 +40,12 @@ _DOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-
 _NUM = r"(0|[1-9][0-9]*)"
 _PRE = r"(0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
 _SEMVER = re.compile(rf"{_NUM}\.{_NUM}\.{_NUM}(-{_PRE}(\.{_PRE})*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?")
+# A label name (a taint key): an optional DNS-subdomain prefix of at most 253 and '/', then a name
+# of at most 63; a label value (a taint value): at most 63, the same characters as the name.
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]")
+_SUBDOMAIN_MAX = 253
+# Taints per device: 16 from Kubernetes 1.35 (1.34 accepted 4).
+MAX_TAINTS = 16
 # A Kubernetes quantity: a decimal number with an optional binary, decimal or exponent suffix.
 _QUANTITY = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?")
 
@@ -97,6 +104,60 @@ def check_attribute_name(name: str) -> str:
     return name
 
 
+TaintEffect = Literal["None", "NoSchedule", "NoExecute"]
+"""A DRA device taint's effect: ``NoSchedule`` (no new allocation without a toleration),
+``NoExecute`` (also evicts pods that do not tolerate it) or ``None`` (informational only;
+accepted by the API server from Kubernetes 1.35)."""
+
+
+class DeviceTaint(_Frozen):
+    """A DRA taint on a device (``resource.k8s.io/v1`` ``DeviceTaint``), published in its slice.
+
+    ``DeviceTaint("gpu.nvidia.com/xid", "79")``; the device-plugin API ignores taints.
+    """
+
+    key: str
+    """A label name: ``name`` or ``prefix/name``, the prefix a DNS subdomain (``example.com/overheated``)."""
+    value: str = ""
+    """A label value (at most 63 characters; may be empty)."""
+    effect: TaintEffect = "NoSchedule"
+    """What the taint does to claims that do not tolerate it."""
+
+    def __init__(self, key: str, value: str = "", effect: TaintEffect = "NoSchedule", /) -> None:
+        super().__init__(**{"key": key, "value": value, "effect": effect})
+
+    @field_validator("key")
+    @classmethod
+    def _label_name(cls, key: str) -> str:
+        prefix, slash, name = key.rpartition("/")
+        valid = _LABEL_NAME.fullmatch(name) is not None and (
+            not slash or (0 < len(prefix) <= _SUBDOMAIN_MAX and _DOMAIN.fullmatch(prefix) is not None)
+        )
+        if not valid:
+            raise ValueError(
+                f"invalid taint key {key!r}: a name of at most 63 characters (letters, digits, '-', '_', "
+                "'.', starting and ending with a letter or digit), optionally behind a DNS subdomain and '/'"
+            )
+        return key
+
+    @field_validator("value")
+    @classmethod
+    def _label_value(cls, value: str) -> str:
+        if value and not _LABEL_NAME.fullmatch(value):
+            raise ValueError(
+                f"invalid taint value {value!r}: at most 63 characters (letters, digits, '-', '_', '.', "
+                "starting and ending with a letter or digit)"
+            )
+        return value
+
+    def as_dict(self) -> dict[str, str]:
+        """The taint in the API's JSON shape (``value`` left out when empty)."""
+        out = {"key": self.key, "value": self.value, "effect": self.effect}
+        if not self.value:
+            del out["value"]
+        return out
+
+
 class Device(_Frozen):
     """One schedulable unit of a resource, as listed to the kubelet.
 
@@ -121,6 +182,10 @@ class Device(_Frozen):
     name: str | None = None
     """DRA: the device's name in ResourceSlices (a DNS label, e.g. ``gpu-0``); default: derived
     from ``id`` (kept when it is a DNS label already)."""
+    taints: tuple[DeviceTaint, ...] = ()
+    """DRA: the device's taints (at most 16), published with it; empty: devplug taints an
+    Unhealthy device ``<driver>/unhealthy`` (``NoSchedule``) by itself. The device-plugin API
+    ignores them."""
 
     @model_validator(mode="before")
     @classmethod
@@ -176,11 +241,13 @@ class Device(_Frozen):
     def _dra_limits(self) -> Device:
         if len(self.attributes) + len(self.capacity) > MAX_ATTRIBUTES:
             raise ValueError(f"a device has at most {MAX_ATTRIBUTES} attributes and capacities together")
+        if len(self.taints) > MAX_TAINTS:
+            raise ValueError(f"a device has at most {MAX_TAINTS} taints")
         return self
 
     def __hash__(self) -> int:
         attributes, capacity = tuple(self.attributes.items()), tuple(self.capacity.items())
-        return hash((self.id, self.health, self.numa_nodes, attributes, capacity, self.name))
+        return hash((self.id, self.health, self.numa_nodes, attributes, capacity, self.name, self.taints))
 
     @property
     def healthy(self) -> bool:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
     from devplug.models import AllocatedDevice, Claim, Device, OpaqueConfig
     from devplug_nvidia._cdi_driver import DriverFiles
+    from devplug_nvidia._dra_health import DraHealthMonitor
     from devplug_nvidia._model import GpuRecord
 
 __all__ = ["DRIVER_NAME", "NvidiaDraPlugin", "run_dra"]
@@ -54,6 +55,8 @@ class NvidiaDraPlugin(DevicePlugin):
         present: the optional control nodes found on the host at start-up.
         driver_files: the driver files the claim specs mount (None: device nodes only).
         proc: where this process sees the host's ``/proc`` (MIG capability files).
+        health: the NVML health monitor whose health and taints the devices carry (None: every
+            device Healthy, no taints); whoever serves the plugin runs it.
     """
 
     resource_name = GPU_RESOURCE
@@ -69,6 +72,7 @@ class NvidiaDraPlugin(DevicePlugin):
         present: Collection[str] = CONTROL_NODES,
         driver_files: DriverFiles | None = None,
         proc: Path = Path("/proc"),
+        health: DraHealthMonitor | None = None,
     ) -> None:
         self.config = config
         self.driver = driver
@@ -79,6 +83,7 @@ class NvidiaDraPlugin(DevicePlugin):
         self.devices = [device_of(r) for r in self.records]
         self._by_name = {d.name: r for d, r in zip(self.devices, self.records, strict=True)}
         self._by_id = {r.uuid: r for r in self.records}
+        self.health = health
 
     @classmethod
     def from_settings(cls, settings: NvidiaSettings) -> NvidiaDraPlugin:  # type: ignore[override]
@@ -103,6 +108,7 @@ class NvidiaDraPlugin(DevicePlugin):
         """
         from devplug_nvidia._cdi import driver_view
         from devplug_nvidia._cdi_driver import find_driver_files
+        from devplug_nvidia._dra_health import dra_health_monitor
 
         source = nvml_source(settings, module=module, sysfs=sysfs, proc=proc)
         with source.open() as nvml:
@@ -115,18 +121,43 @@ class NvidiaDraPlugin(DevicePlugin):
                 root=driver_view(settings),
                 note="the claim specs inject device nodes only; containers need the driver another way",
             )
+        driver = settings.driver_name or DRIVER_NAME
         return cls(
             records,
             settings,
-            driver=settings.driver_name or DRIVER_NAME,
+            driver=driver,
             present=present_nodes(Path(settings.effective_dev_root)),
             driver_files=files,
             proc=source.proc,
+            health=dra_health_monitor(settings, announced(records), driver, module=source.module),
         )
 
+    def current_devices(self) -> list[Device]:
+        """The devices with their health and taints now."""
+        if self.health is None:
+            return self.devices
+        health = self.health
+        return [
+            d.model_copy(update={"health": health.health(d.id), "taints": health.taints(d.id)})
+            for d in self.devices
+        ]
+
     async def watch_devices(self) -> AsyncGenerator[Sequence[Device], None]:
-        yield self.devices
-        await anyio.sleep_forever()
+        # A new list whenever the health monitor changes a device's health or taints.
+        health = self.health
+        if health is None:
+            yield self.devices
+            await anyio.sleep_forever()
+            return
+        version = health.version
+        last = self.current_devices()
+        yield last
+        while True:
+            version = await health.wait_changed(version)
+            devices = self.current_devices()
+            if devices != last:
+                last = devices
+                yield devices
 
     async def allocate(self, devices: Sequence[Device]) -> ContainerAllocation:
         """The device plugin's answer for ``devices`` (unused by DRA, where claims are prepared)."""
@@ -168,8 +199,6 @@ class NvidiaDraPlugin(DevicePlugin):
 def run_dra(settings: NvidiaSettings, prog: str, *, started: Callable[[], object] | None = None) -> int:
     """``devplug-nvidia --api dra``: discovery, then serve until SIGTERM; the exit status
     (2: bad configuration, 1: discovery failed). ``started`` is called once discovery is done."""
-    from devplug.dra import serve
-
     if settings.driver_name is None:
         settings = settings.model_copy(update={"driver_name": DRIVER_NAME})
     try:
@@ -180,7 +209,7 @@ def run_dra(settings: NvidiaSettings, prog: str, *, started: Callable[[], object
     if started is not None:
         started()
     try:
-        anyio.run(serve, plugin, settings, backend="asyncio")
+        anyio.run(_serve_with_health, plugin, settings, backend="asyncio")
     except Exception as exc:
         refusal = _config_error(exc)
         if refusal is None:
@@ -188,6 +217,17 @@ def run_dra(settings: NvidiaSettings, prog: str, *, started: Callable[[], object
         print(f"{prog}: {refusal}", file=sys.stderr)
         return 2
     return 0
+
+
+async def _serve_with_health(plugin: NvidiaDraPlugin, settings: NvidiaSettings) -> None:
+    """Serve ``plugin`` as a DRA driver, its health monitor running beside it."""
+    from devplug.dra import serve
+
+    async with anyio.create_task_group() as tg:
+        if plugin.health is not None:
+            tg.start_soon(plugin.health.run)
+        await serve(plugin, settings)
+        tg.cancel_scope.cancel()
 
 
 def _config_error(exc: BaseException) -> ConfigError | None:

@@ -22,7 +22,7 @@ import anyio
 
 from devplug._core.backoff import Backoff
 from devplug._dra.kube import KubeError
-from devplug._dra.slices import Plan, Pool, chunks, device_entry, plan
+from devplug._dra.slices import Plan, Pool, chunks, device_entry, plan, schedulable
 
 if TYPE_CHECKING:
     from devplug._dra.inventory import Inventory, Snapshot
@@ -49,9 +49,12 @@ class SlicePublisher:
         self._pool: Pool | None = None
         self._generation = 0
         self._settle = False
-        self._wanted_cache: tuple[tuple[int, bool], list[list[dict[str, Any]]]] | None = None
+        self._wanted_cache: tuple[tuple[int, bool, bool], list[list[dict[str, Any]]]] | None = None
         self.taints_supported = True
         """False once the API server has dropped a device taint: unhealthy devices are left out."""
+        self.effect_none_supported = True
+        """False once the API server has refused a taint of effect ``None`` (Kubernetes 1.34):
+        such taints are left out."""
         self.in_sync = False
         """The last reconcile found the API server's slices equal to the devices."""
         self.synced_at: float | None = None
@@ -161,15 +164,22 @@ class SlicePublisher:
 
     def _wanted(self, snapshot: Snapshot) -> list[list[dict[str, Any]]]:
         """The slices' device lists for ``snapshot`` (built once per version and taint mode)."""
-        key = (snapshot.version, self.taints_supported)
+        key = (snapshot.version, self.taints_supported, self.effect_none_supported)
         if self._wanted_cache is not None and self._wanted_cache[0] == key:
             return self._wanted_cache[1]
         devices = []
         for entry in snapshot.entries:
-            if not self.taints_supported and not entry.device.healthy:
+            if not self.taints_supported and not schedulable(entry.device):
                 continue  # no taints on this server: an unhealthy device is not offered at all
             try:
-                devices.append(device_entry(entry, self.driver, taint_unhealthy=self.taints_supported))
+                devices.append(
+                    device_entry(
+                        entry,
+                        self.driver,
+                        taint_unhealthy=self.taints_supported,
+                        effect_none=self.effect_none_supported,
+                    )
+                )
             except ValueError as exc:
                 self._log.error("device_not_published", device=entry.device.id, error=str(exc))
         wanted = chunks(devices)
@@ -227,6 +237,8 @@ class SlicePublisher:
                         self._cache.pop(name, None)
                         self._dirty.set()
                         return
+                    if self._effect_none_refused(exc, obj):
+                        return
                     failures.append(exc)
                     self._failed(exc, verb=verb, obj=f"resourceslices/{name}")
 
@@ -252,6 +264,23 @@ class SlicePublisher:
                 "are left out of the slices instead",
             )
             self._mark()
+
+    def _effect_none_refused(self, exc: KubeError, sent: dict[str, Any]) -> bool:
+        """Whether ``exc`` is a server older than 1.35 refusing taint effect ``None`` (then such
+        taints are left out from now on, and the pool is planned again)."""
+        if exc.status != 422 or not self.effect_none_supported or '"None"' not in str(exc):
+            return False
+        devices = sent.get("spec", {}).get("devices") or ()
+        if not any(t.get("effect") == "None" for d in devices for t in d.get("taints") or ()):
+            return False
+        self.effect_none_supported = False
+        self._log.warning(
+            "device_taint_effect_none_refused",
+            error=str(exc),
+            note="the API server predates taint effect None (Kubernetes < 1.35): such taints are left out",
+        )
+        self._mark()
+        return True
 
     def _failed(self, exc: KubeError, *, verb: str, obj: str, retry: Backoff | None = None) -> None:
         self.errors[exc.status_label] += 1

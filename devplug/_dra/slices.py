@@ -6,6 +6,8 @@ Pure: dicts in the resource.k8s.io/v1 JSON shape, no client, no I/O. The rules (
   owner (garbage-collected with it);
 * at most 128 devices per slice, 64 when a device of the slice carries taints (so 64 whenever
   any device does: chunk sizes then do not flip with every health change of one device);
+* a device's taints are the plugin's own (:attr:`devplug.models.Device.taints`), else
+  ``<driver>/unhealthy`` (``NoSchedule``) while it is Unhealthy;
 * every slice of a pool carries the pool's ``generation`` and ``resourceSliceCount``; consumers
   use only the highest generation and allocate nothing from an incomplete pool;
 * the generation is kept when nothing is created, the slice count stays and at most one slice
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from devplug._dra.inventory import Entry
+    from devplug.models import Device
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128
@@ -48,12 +51,17 @@ def attribute(value: bool | int | str | Version) -> dict[str, Any]:
     return {"string": value}
 
 
-def device_entry(entry: Entry, driver: str, *, taint_unhealthy: bool) -> dict[str, Any]:
+def device_entry(
+    entry: Entry, driver: str, *, taint_unhealthy: bool, effect_none: bool = True
+) -> dict[str, Any]:
     """The ResourceSlice device for one inventory entry.
 
     The plugin's attributes and capacity, plus the original ID, the first NUMA node and the
-    resource name (the plugin's own attributes of those names win). Unhealthy devices carry a
-    ``NoSchedule`` taint ``<driver>/unhealthy`` when ``taint_unhealthy``.
+    resource name (the plugin's own attributes of those names win). ``taint_unhealthy`` (the
+    server keeps taints): the device's own taints, or for an Unhealthy device without any a
+    ``NoSchedule`` taint ``<driver>/unhealthy``; otherwise no taints at all. ``effect_none``
+    False (a server older than 1.35, which refuses the effect): taints of effect ``None`` are
+    left out.
 
     Raises:
         ValueError: the device's attributes and capacities pass the API's limit of 32.
@@ -74,9 +82,19 @@ def device_entry(entry: Entry, driver: str, *, taint_unhealthy: bool) -> dict[st
     out: dict[str, Any] = {"name": entry.name, "attributes": dict(sorted(attributes.items()))}
     if device.capacity:
         out["capacity"] = {name: {"value": value} for name, value in sorted(device.capacity.items())}
-    if taint_unhealthy and not device.healthy:
-        out["taints"] = [{"key": f"{driver}/{UNHEALTHY_TAINT}", "effect": "NoSchedule"}]
+    if taint_unhealthy:
+        taints = [t.as_dict() for t in device.taints if effect_none or t.effect != "None"]
+        if not device.taints and not device.healthy:
+            taints = [{"key": f"{driver}/{UNHEALTHY_TAINT}", "effect": "NoSchedule"}]
+        if taints:
+            out["taints"] = taints
     return out
+
+
+def schedulable(device: Device) -> bool:
+    """Whether a scheduler may allocate ``device`` without a toleration: Healthy and no taint
+    of effect ``NoSchedule`` or ``NoExecute`` (what is left out where taints cannot be published)."""
+    return device.healthy and all(t.effect == "None" for t in device.taints)
 
 
 def chunks(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:

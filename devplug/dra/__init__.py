@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from devplug._dra.driver import DraDriver
-from devplug.models import AllocatedDevice, CdiSpecFile, Claim, OpaqueConfig, PreparedDevice
+from devplug.models import AllocatedDevice, CdiSpecFile, Claim, DeviceTaint, OpaqueConfig, PreparedDevice
 
 if TYPE_CHECKING:
     from devplug.plugin import DevicePlugin
@@ -29,6 +29,7 @@ __all__ = [
     "AllocatedDevice",
     "CdiSpecFile",
     "Claim",
+    "DeviceTaint",
     "DraDriver",
     "OpaqueConfig",
     "PreparedDevice",
