@@ -27,6 +27,28 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+_NEEDS_SESSION_BACKEND = (
+    "devplug's fake_kubelet fixture (devplug_event_loop) needs a session-scoped anyio_backend "
+    "fixture, and the one in force is {scope}-scoped (anyio's own default wins over devplug's "
+    "by plugin order). Add to your conftest.py:\n\n"
+    '    @pytest.fixture(scope="session")\n'
+    "    def anyio_backend():\n"
+    '        return "asyncio"\n'
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Name the fix before pytest's ScopeMismatch would name only the symptom."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None or "devplug_event_loop" not in getattr(item, "fixturenames", ()):
+        return
+    definitions = info.name2fixturedefs.get("anyio_backend")
+    scope = getattr(definitions[-1], "scope", "session") if definitions else "session"
+    if scope != "session":
+        pytest.fail(_NEEDS_SESSION_BACKEND.format(scope=scope), pytrace=False)
+
+
 @pytest.fixture(scope="session")
 async def devplug_event_loop(anyio_backend: object) -> AsyncIterator[None]:
     """Keep one event loop for every test that uses gRPC, from the first one on.
