@@ -220,13 +220,17 @@ def run_dra(settings: NvidiaSettings, prog: str, *, started: Callable[[], object
 
 
 async def _serve_with_health(plugin: NvidiaDraPlugin, settings: NvidiaSettings) -> None:
-    """Serve ``plugin`` as a DRA driver, its health monitor running beside it."""
-    from devplug.dra import serve
+    """Serve ``plugin`` as a DRA driver (as :func:`devplug.dra.serve`), its health monitor
+    running beside it once the driver's settings have been accepted."""
+    from devplug._main import serve_with_signals
+    from devplug.dra import DraDriver
 
+    driver = DraDriver([plugin], settings)
+    await driver.open()  # a bad setting raises here, before NVML is touched again
     async with anyio.create_task_group() as tg:
         if plugin.health is not None:
             tg.start_soon(plugin.health.run)
-        await serve(plugin, settings)
+        await serve_with_signals(driver.serve, driver)
         tg.cancel_scope.cancel()
 
 
