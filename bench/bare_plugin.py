@@ -1,11 +1,15 @@
 """The floor: a bare grpc.aio DevicePlugin server with no framework, answering what devplug-fake answers.
 
-python bench/bare_plugin.py SOCKET
+python bench/bare_plugin.py SOCKET [KUBELET_SOCKET RESOURCE]
+
+With KUBELET_SOCKET it also registers RESOURCE there once it serves, as a plugin must (the
+start-up benchmark times process start → Register with it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from typing import Any
@@ -36,11 +40,16 @@ class Bare(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         )
 
 
-async def main(path: str) -> None:
+async def main(path: str, kubelet: str | None = None, resource: str = "") -> None:
     server = grpc.aio.server()
     pb_grpc.add_DevicePluginServicer_to_server(Bare(), server)
     server.add_insecure_port(f"unix:{path}")
     await server.start()
+    if kubelet is not None:
+        async with grpc.aio.insecure_channel(f"unix:{kubelet}") as channel:
+            await pb_grpc.RegistrationStub(channel).Register(
+                pb.RegisterRequest(version="v1beta1", endpoint=os.path.basename(path), resource_name=resource)
+            )
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await stop.wait()
@@ -48,4 +57,4 @@ async def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    asyncio.run(main(*sys.argv[1:4]))

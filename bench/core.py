@@ -34,7 +34,7 @@ from devplug.logging import configure as configure_logging
 from devplug.testing import FakeKubelet
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 ROOT = Path(__file__).resolve().parent.parent
 RESOURCE = "example.com/fake"
@@ -81,9 +81,11 @@ def plugin_command(dp_dir: Path, *extra: str) -> list[str]:
 
 
 @asynccontextmanager
-async def started(command: list[str]) -> AsyncIterator[anyio.abc.Process]:
+async def started(
+    command: list[str], env: Mapping[str, str] | None = None
+) -> AsyncIterator[anyio.abc.Process]:
     """A process that is stopped with SIGTERM at the end (and killed if it lingers or on errors)."""
-    process = await anyio.open_process(command, stdout=subprocess.DEVNULL)
+    process = await anyio.open_process(command, stdout=subprocess.DEVNULL, env=env)
     try:
         yield process
     finally:

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
@@ -236,6 +235,8 @@ def read_yaml(path: Path) -> Any:
 
     Raises ConfigError, one line naming the file (and the line, for a syntax error).
     """
+    import yaml  # only a config file needs it: a start without one does not load PyYAML
+
     try:
         return yaml.safe_load(path.read_text())
     except OSError as exc:

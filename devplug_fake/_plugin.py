@@ -9,7 +9,6 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 import anyio
-import yaml
 from asyncinotify import Inotify, Mask
 from pydantic import ValidationError
 
@@ -54,6 +53,8 @@ class FakePlugin(DevicePlugin):
 
     def read_state_file(self) -> list[Device] | None:
         """The state file's devices, or None (logged) if it is missing or invalid."""
+        import yaml  # loaded with the first state file, not at start
+
         path = self.config.state_file
         assert path is not None
         try:
@@ -216,4 +217,6 @@ def _parse(text: str) -> object:
     when PyYAML has one."""
     if text.lstrip().startswith(("{", "[")):
         return json.loads(text)
+    import yaml
+
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - safe loaders only

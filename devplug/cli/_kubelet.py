@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 import anyio
 
 from devplug.logging import configure as configure_logging
-from devplug.testing import FakeKubelet
 
 if TYPE_CHECKING:
     import argparse
     from pathlib import Path
 
-    from devplug.testing import Registration
+    from devplug.testing import FakeKubelet, Registration
 
 Row = tuple[str, str, tuple[int, ...]]
 """One device as the kubelet holds it: ID, health, NUMA nodes."""
@@ -58,6 +57,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Serve until SIGINT / SIGTERM; 0 then, 2 for a directory that cannot be used."""
+    # The testing kit (and its API server's client library) loads for this command only, not
+    # for every `devplug` command that builds the parser.
+    from devplug.testing import FakeKubelet
+
     # The kit logs through structlog at info: keep its lines off the terminal's report.
     configure_logging("console", "warning")
     try:

@@ -101,3 +101,19 @@ def test_lazy_names_resolve(package: str) -> None:
         assert name in dir(module), name
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         _ = module.not_a_name
+
+
+def test_building_the_devplug_parser_loads_no_testing_kit() -> None:
+    """``devplug run`` builds every sub-command's parser first: none of them may pull in the
+    testing kit or the API server's client library, which a plugin's start never uses."""
+    loaded = loaded_by("from devplug.cli import _conformance, _inspect, _kubelet")
+    assert "devplug.cli._kubelet" in loaded
+    heavy = sorted(m for m in loaded if m.startswith(("devplug.testing", "lightkube", "httpx", "yaml")))
+    assert heavy == []
+
+
+def test_serving_loads_no_config_file_reader() -> None:
+    """The runtime and the fake backend load PyYAML with a config or state file, not before."""
+    loaded = loaded_by("import devplug._main, devplug_fake._plugin, devplug_fake._config")
+    assert "devplug._core.runner" in loaded
+    assert sorted(m for m in loaded if m.split(".")[0] in {"yaml", "lightkube", "httpx"}) == []
