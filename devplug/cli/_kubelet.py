@@ -105,7 +105,7 @@ async def follow(kubelet: FakeKubelet, out: TextIO) -> None:
 
         now = await kubelet.wait_for(changed)
         for registration in kubelet.registrations[seen:]:
-            _say(out, _registration_line(registration, kubelet.device_plugin_dir))
+            _say(out, registration_line(registration, kubelet.device_plugin_dir))
         seen = len(kubelet.registrations)
         for name, table in sorted(now.items()):
             for line in table_lines(name, tables.get(name), table):
@@ -125,7 +125,8 @@ def _tables(kubelet: FakeKubelet) -> dict[str, Table]:
     }
 
 
-def _registration_line(registration: Registration, directory: Path) -> str:
+def registration_line(registration: Registration, directory: Path) -> str:
+    """One registration attempt as a line: the resource, its socket and options, or the refusal."""
     endpoint = registration.endpoint.removeprefix(f"{directory}/")
     if not registration.accepted:
         return f"refused {registration.resource or endpoint}: {registration.error}"

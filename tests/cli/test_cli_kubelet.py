@@ -1,0 +1,201 @@
+"""``devplug kubelet`` as a process, with devplug-fake registering with it; its line formats; and
+``FakeKubelet.wait_for``, which it follows the kubelet with."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import anyio
+import pytest
+from anyio.streams.text import TextReceiveStream
+
+from devplug import ContainerAllocation, Device, DevicePlugin, PluginOptions
+from devplug.cli._kubelet import Table, registration_line, table_lines
+from devplug.testing import FakeKubelet, Registration, serving
+
+ROOT = Path(__file__).resolve().parents[2]
+RESOURCE = "example.com/fake"
+
+
+def write_state(path: Path, devices: list[dict[str, object]]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"devices": devices}))
+    os.replace(tmp, path)
+
+
+async def read_until(stream: TextReceiveStream, text: str, seen: list[str]) -> str:
+    """Read until ``text`` has appeared; the output after it is kept for the next wait."""
+    with anyio.fail_after(30):
+        while text not in seen[0]:
+            seen[0] += await stream.receive()
+    before, _, after = seen[0].partition(text)
+    seen[0] = after
+    return before + text
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+async def test_kubelet_prints_what_it_learns(short_dir: Path, stop: signal.Signals) -> None:
+    dp, registry = short_dir / "dp", short_dir / "reg"
+    state = short_dir / "devices.json"
+    write_state(state, [{"id": "fake-0", "numa_node": 0}, {"id": "fake-1"}])
+    kubelet = await anyio.open_process(
+        [sys.executable, "-m", "devplug", "kubelet", "--dir", str(dp), "--watcher-dir", str(registry)],
+        cwd=ROOT,
+        stderr=subprocess.STDOUT,
+    )
+    async with kubelet:
+        assert kubelet.stdout is not None
+        out = TextReceiveStream(kubelet.stdout)
+        seen = [""]
+        await read_until(out, f"kubelet serving {dp}/kubelet.sock", seen)
+        await read_until(out, f"plugin watcher on {registry}", seen)
+        await read_until(out, "Ctrl-C to stop\n", seen)
+        fake = await anyio.open_process(
+            [sys.executable, "-m", "devplug_fake", f"--device-plugin-dir={dp}", f"--state-file={state}"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        async with fake:
+            await read_until(out, f"registered {RESOURCE} on example.com-fake-", seen)
+            await read_until(out, "; options: none\n", seen)
+            table = await read_until(out, "  fake-1  Healthy\n", seen)
+            assert table.endswith(
+                f"{RESOURCE}: 2 devices, 2 healthy\n  fake-0  Healthy  numa 0\n  fake-1  Healthy\n"
+            )
+            # A health change is one line; a new device set is a new table.
+            write_state(state, [{"id": "fake-0", "numa_node": 0}, {"id": "fake-1", "health": "Unhealthy"}])
+            await read_until(out, f"{RESOURCE}: fake-1 Healthy -> Unhealthy\n", seen)
+            write_state(state, [{"id": "fake-2"}])
+            await read_until(out, f"{RESOURCE}: 1 device, 1 healthy\n  fake-2  Healthy\n", seen)
+            fake.send_signal(signal.SIGTERM)
+            with anyio.fail_after(15):
+                assert await fake.wait() == 0
+        await read_until(out, f"{RESOURCE}: stream ended; its devices are unhealthy", seen)
+        kubelet.send_signal(stop)
+        await read_until(out, "stopped; kubelet.sock removed\n", seen)
+        with anyio.fail_after(15):
+            assert await kubelet.wait() == 0
+    assert list(dp.iterdir()) == []
+
+
+def test_a_directory_too_deep_for_a_socket_is_one_line(short_dir: Path) -> None:
+    deep = short_dir / ("d" * 100)
+    result = subprocess.run(
+        [sys.executable, "-m", "devplug", "kubelet", "--dir", str(deep)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("devplug kubelet: error: ")
+    assert result.stderr.count("\n") == 1
+
+
+def test_kubelet_needs_a_directory() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "devplug", "kubelet"], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "--dir" in result.stderr
+
+
+ROWS = (("a", "Healthy", (0,)), ("b", "Healthy", ()))
+TABLE = ["  a  Healthy  numa 0", "  b  Healthy"]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "lines"),
+    [
+        (None, ("s1", True, ROWS), ["r: 2 devices, 2 healthy", *TABLE]),
+        (("s1", True, ROWS), ("s1", True, ROWS), []),
+        (
+            ("s1", True, ROWS),
+            ("s1", True, (("a", "Unhealthy", (0,)), ROWS[1])),
+            ["r: a Healthy -> Unhealthy"],
+        ),
+        (
+            ("s1", True, ROWS),
+            ("s1", False, (("a", "Unhealthy", (0,)), ("b", "Unhealthy", ()))),
+            ["r: stream ended; its devices are unhealthy until it registers again"],
+        ),
+        # A new endpoint (a re-registration) prints its whole table, even when it is the same.
+        (("s1", False, ROWS), ("s2", True, ROWS), ["r: 2 devices, 2 healthy", *TABLE]),
+        (None, ("s1", True, ()), ["r: 0 devices, 0 healthy"]),
+    ],
+    ids=["first", "unchanged", "health", "stream-ended", "new-endpoint", "empty"],
+)
+def test_table_lines(before: Table | None, after: Table, lines: list[str]) -> None:
+    assert table_lines("r", before, after) == lines
+
+
+class One(DevicePlugin):
+    resource_name = "example.com/one"
+
+    async def watch_devices(self) -> AsyncIterator[Sequence[Device]]:
+        yield [Device(id="d0")]
+        await anyio.sleep_forever()
+
+    async def allocate(self, devices: Sequence[Device]) -> ContainerAllocation:
+        return ContainerAllocation()
+
+
+@pytest.mark.anyio
+async def test_wait_for_rechecks_on_every_change(short_dir: Path) -> None:
+    async with FakeKubelet(short_dir / "dp") as kubelet:
+        # Already true: returns at once, with the check's value.
+        assert await kubelet.wait_for(lambda: "now", timeout=1) == "now"
+        with pytest.raises(TimeoutError):
+            await kubelet.wait_for(lambda: None, timeout=0.05)
+        async with serving(One(), kubelet):
+            # Registration, connection and the first list are changes: the check sees the table.
+            view = await kubelet.wait_for(lambda: kubelet.resources.get("example.com/one"), timeout=30)
+            devices = await kubelet.wait_for(lambda: view.devices or None, timeout=30)
+            assert [d.id for d in devices] == ["d0"]
+
+
+@pytest.mark.parametrize(
+    ("registration", "line"),
+    [
+        (
+            Registration("example.com/a", "a.sock", "v1beta1", PluginOptions(), True, None, "register"),
+            "registered example.com/a on a.sock; options: none",
+        ),
+        (
+            Registration(
+                "example.com/a",
+                "/dp/a.sock",
+                "v1beta1",
+                PluginOptions(get_preferred_allocation_available=True, pre_start_required=True),
+                True,
+                None,
+                "watcher",
+            ),
+            "registered example.com/a (plugin watcher) on a.sock; options: preferred-allocation, pre-start",
+        ),
+        (
+            Registration(
+                "bad",
+                "b.sock",
+                "v1beta1",
+                PluginOptions(),
+                False,
+                'the ResourceName "bad" is invalid',
+                "register",
+            ),
+            'refused bad: the ResourceName "bad" is invalid',
+        ),
+    ],
+    ids=["accepted", "watcher-with-options", "refused"],
+)
+def test_registration_line(registration: Registration, line: str) -> None:
+    assert registration_line(registration, Path("/dp")) == line
