@@ -19,7 +19,7 @@ from pathlib import Path
 
 from devplug.errors import DevplugError
 
-__all__ = ["CONTAINER_ROOT", "CONTROL_BINARY", "MpsDaemon", "MpsDaemonError", "mps_view"]
+__all__ = ["CONTAINER_ROOT", "CONTROL_BINARY", "MpsDaemon", "MpsDaemonError", "control_command", "mps_view"]
 
 CONTAINER_ROOT = Path("/mps")
 """Where NVIDIA's charts mount the host's MPS root into the plugin's container."""
@@ -30,6 +30,27 @@ _PROBE_TIMEOUT = 5.0
 
 class MpsDaemonError(DevplugError):
     """The MPS control daemon of a resource is missing or not ready; the message says what to do."""
+
+
+def control_command(
+    control: str,
+    pipe_dir: Path,
+    command: str,
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = _PROBE_TIMEOUT,
+) -> subprocess.CompletedProcess[bytes]:
+    """Send ``command`` (e.g. ``get_default_active_thread_percentage``) to the MPS control daemon
+    whose pipes are in ``pipe_dir``, as ``echo command | nvidia-cuda-mps-control`` does.
+
+    Raises:
+        OSError: ``control`` cannot be run.
+        subprocess.TimeoutExpired: no answer within ``timeout`` seconds.
+    """
+    full = {**os.environ, **(env or {}), "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)}
+    return subprocess.run(
+        [control], input=command.encode(), env=full, capture_output=True, timeout=timeout, check=False
+    )
 
 
 def mps_view(mps_root: str, host_root: Path = Path("/")) -> Path:
@@ -111,16 +132,8 @@ class MpsDaemon:
 
     def _probe(self, control: str) -> None:
         # What upstream asks the daemon to tell that it answers on its pipe.
-        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir)}
         try:
-            result = subprocess.run(
-                [control],
-                input=_PROBE.encode(),
-                env=env,
-                capture_output=True,
-                timeout=_PROBE_TIMEOUT,
-                check=False,
-            )
+            result = control_command(control, self.pipe_dir, _PROBE)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise MpsDaemonError(
                 f"the MPS control daemon for {self.resource_name} does not answer on {self.pipe_dir}: {exc}"

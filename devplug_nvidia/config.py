@@ -32,8 +32,11 @@ from devplug_nvidia._config_file import (
     Sharing,
     read_config_file,
 )
+from devplug_nvidia._feature_gates import FeatureGateError, parse_feature_gates
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from pydantic.fields import FieldInfo
 
 __all__ = ["CDI_STRATEGIES", "DRA_ENV_NAMES", "ENV_NAMES", "NvidiaSettings", "load_nvidia_settings"]
@@ -68,6 +71,7 @@ ENV_NAMES: dict[str, tuple[str, ...]] = {
 DRA_ENV_NAMES: dict[str, tuple[str, ...]] = {
     "cdi_dir": ("CDI_ROOT",),
     "plugins_registry_dir": ("KUBELET_REGISTRAR_DIRECTORY_PATH",),
+    "feature_gates": ("FEATURE_GATES",),
 }
 """Field → the environment variables of NVIDIA's DRA driver (gpu-kubelet-plugin) for settings
 devplug has too, read like :data:`ENV_NAMES` (for ``--api dra``)."""
@@ -176,6 +180,10 @@ class NvidiaSettings(Settings):
     """Preferred allocation of shared replicas: distributed or packed (SHARED_DEVICES_ALLOCATION_POLICY)."""
     fake_nvml: str | None = None
     """Run on the fake NVML machine model of this name (testing; DEVPLUG_FAKE_NVML)."""
+    feature_gates: str = ""
+    """NVIDIA's DRA feature gates, Name=true,Other=false: TimeSlicingSettings, MPSSupport,
+    PassthroughSupport, DynamicMIG, NVMLDeviceHealthCheck, DeviceMetadata; all off by default, as
+    NVIDIA's (FEATURE_GATES)."""
 
     sharing: CliSuppress[Sharing] = Sharing()
     """sharing.timeSlicing / sharing.mps of the config file."""
@@ -220,6 +228,16 @@ class NvidiaSettings(Settings):
             raise ValueError(f"IMEX channel IDs must be empty or [0], got {list(value)}")
         return value
 
+    @field_validator("feature_gates")
+    @classmethod
+    def _known_gates(cls, value: str) -> str:
+        try:
+            parse_feature_gates(value)
+        except FeatureGateError as exc:
+            # One line as NVIDIA's flag parser words it; a ConfigError is not wrapped by pydantic.
+            raise ConfigError(f'invalid value "{value}" for flag --feature-gates: {exc}') from None
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _merge_config_file(cls, data: Any) -> Any:
@@ -246,6 +264,19 @@ class NvidiaSettings(Settings):
     def host_dev_path(self, path: str) -> str:
         """``/dev/nvidia0`` → its host path under the dev root."""
         return posixpath.join(self.effective_dev_root, path.lstrip("/"))
+
+    @property
+    def gates(self) -> Mapping[str, bool]:
+        """Every feature gate NVIDIA's DRA driver knows → enabled (a read-only mapping)."""
+        return parse_feature_gates(self.feature_gates)
+
+    def gate_enabled(self, name: str) -> bool:
+        """Whether feature gate ``name`` (e.g. ``"MPSSupport"``) is on.
+
+        Raises:
+            KeyError: not a gate NVIDIA's DRA driver knows.
+        """
+        return self.gates[name]
 
     @property
     def cdi_only(self) -> bool:

@@ -15,6 +15,7 @@ when a repeated prepare finds it missing, and removes it at unprepare.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,13 +29,15 @@ from devplug.plugin import DevicePlugin
 from devplug_nvidia._allocate import CONTROL_NODES, build_allocation, present_nodes
 from devplug_nvidia._dra_cdi import build_claim_spec, claim_device_id, claim_spec_file, spec_yaml
 from devplug_nvidia._dra_devices import DRIVER_NAME, announced, device_of
+from devplug_nvidia._dra_sharing import SharingManager, plan, sharing_manager, with_device_edits
 from devplug_nvidia.config import NvidiaSettings
-from devplug_nvidia.discovery import GPU_RESOURCE, discover_devices, nvml_source
+from devplug_nvidia.discovery import GPU_RESOURCE, NvmlSource, discover_devices, nvml_source
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import AsyncGenerator, Callable, Collection, Sequence
+    from collections.abc import AsyncGenerator, Callable, Collection, Mapping, Sequence
 
+    from devplug.cdi import ContainerEdits
     from devplug.models import AllocatedDevice, Claim, Device, OpaqueConfig
     from devplug_nvidia._cdi_driver import DriverFiles
     from devplug_nvidia._dra_health import DraHealthMonitor
@@ -62,6 +65,8 @@ class NvidiaDraPlugin(DevicePlugin):
     resource_name = GPU_RESOURCE
     settings_class = NvidiaSettings
     dra_standard_attributes = False
+    nvml_source: NvmlSource | None = None
+    """Where NVML comes from (set by :meth:`discover`; None: from the settings)."""
 
     def __init__(
         self,
@@ -122,7 +127,7 @@ class NvidiaDraPlugin(DevicePlugin):
                 note="the claim specs inject device nodes only; containers need the driver another way",
             )
         driver = settings.driver_name or DRIVER_NAME
-        return cls(
+        plugin = cls(
             records,
             settings,
             driver=driver,
@@ -131,6 +136,8 @@ class NvidiaDraPlugin(DevicePlugin):
             proc=source.proc,
             health=dra_health_monitor(settings, announced(records), driver, module=source.module),
         )
+        plugin.nvml_source = source  # the same NVML for the claims' compute modes
+        return plugin
 
     def current_devices(self) -> list[Device]:
         """The devices with their health and taints now."""
@@ -164,8 +171,14 @@ class NvidiaDraPlugin(DevicePlugin):
         records = [self._by_id[d.id] for d in devices]
         return build_allocation(records, self.config, resource_name=self.resource_name, present=self.present)
 
-    def claim_spec(self, claim_uid: str, devices: Sequence[AllocatedDevice]) -> CdiSpecFile:
-        """The claim's CDI spec file for ``devices`` (reads the MIG capability files).
+    def claim_spec(
+        self,
+        claim_uid: str,
+        devices: Sequence[AllocatedDevice],
+        extra: Mapping[str, ContainerEdits] | None = None,
+    ) -> CdiSpecFile:
+        """The claim's CDI spec file for ``devices`` (reads the MIG capability files), with the
+        ``extra`` edits of some devices by name (MPS).
 
         Raises:
             CapabilityError: a MIG device's capability files cannot be read.
@@ -179,12 +192,42 @@ class NvidiaDraPlugin(DevicePlugin):
             driver_files=self.driver_files,
             proc=self.proc,
         )
+        if extra:
+            spec = with_device_edits(spec, claim_uid, extra)
         return CdiSpecFile(name=claim_spec_file(self.driver, claim_uid), text=spec_yaml(spec))
+
+    @functools.cached_property
+    def sharing(self) -> SharingManager:
+        """Applies and undoes the claims' time-slicing and MPS settings."""
+        source = self.nvml_source or nvml_source(self.config)
+        return sharing_manager(self.config, source, self.config.dra_plugins_dir / self.driver)
 
     async def prepare_claim(
         self, claim: Claim, devices: Sequence[AllocatedDevice], config: Sequence[OpaqueConfig]
     ) -> Sequence[PreparedDevice]:
-        spec = await anyio.to_thread.run_sync(self.claim_spec, claim.uid, devices)
+        """Prepare as NVIDIA does: the opaque configs decoded and matched to the devices
+        (:mod:`~devplug_nvidia._dra_config`), sharing applied per group, the claim's CDI spec.
+
+        Raises:
+            OpaqueConfigError: a config cannot be decoded, applied to its devices or is invalid.
+            SharingError: time-slicing or MPS could not be set up (nothing is left behind).
+            CapabilityError: a MIG device's capability files cannot be read.
+        """
+        groups = plan(
+            self.driver, claim, devices, config, record_of=self._by_name.__getitem__, gates=self.config.gates
+        )
+        extra: dict[str, ContainerEdits] = {}
+        if any(g.shares for g in groups):
+            extra = await anyio.to_thread.run_sync(self.sharing.apply, claim.uid, groups)
+        try:
+            if extra:
+                spec = await anyio.to_thread.run_sync(self.claim_spec, claim.uid, devices, extra)
+            else:
+                spec = await anyio.to_thread.run_sync(self.claim_spec, claim.uid, devices)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.sharing.undo, claim.uid)
+            raise
         return [
             PreparedDevice(
                 name=d.name,
@@ -194,6 +237,15 @@ class NvidiaDraPlugin(DevicePlugin):
             )
             for d in devices
         ]
+
+    async def unprepare_claim(self, claim: Claim) -> None:
+        """Undo the claim's sharing (stop its MPS daemons, reset time slices); its CDI spec is
+        removed by devplug.
+
+        Raises:
+            SharingError: a daemon or a setting could not be undone (the kubelet retries).
+        """
+        await anyio.to_thread.run_sync(self.sharing.undo, claim.uid)
 
 
 def run_dra(settings: NvidiaSettings, prog: str, *, started: Callable[[], object] | None = None) -> int:

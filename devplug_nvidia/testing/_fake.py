@@ -162,6 +162,19 @@ class FakeNvml(MigApi, EventsApi):
         return _pci_info(self._link(device, link).remote_bus_id)
 
     @api
+    @api
+    def nvmlDeviceGetComputeMode(self, handle: object) -> int:
+        return self._gpu(handle).compute_mode
+
+    @api
+    def nvmlDeviceSetComputeMode(self, handle: object, mode: int) -> None:
+        """Records the mode on the GPU (MIG handles are refused, as NVML refuses them)."""
+        if isinstance(handle, MigDevice):
+            raise C.NVMLError_NotSupported()
+        if mode not in range(C.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS + 1):
+            raise C.NVMLError_InvalidArgument()
+        self._gpu(handle).compute_mode = mode
+
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: object, link: int) -> int:
         return self._link(handle, link).remote_type
 

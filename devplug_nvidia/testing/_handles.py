@@ -25,6 +25,8 @@ class Device:
     instances: list[GpuInstance] = field(default_factory=list)
     mig_devices: list[MigDevice] = field(default_factory=list)
     lost: bool = False
+    compute_mode: int = 0
+    """NVML's compute mode (0: DEFAULT, 3: EXCLUSIVE_PROCESS), as nvmlDeviceSetComputeMode left it."""
 
     def __repr__(self) -> str:
         return f"<fake nvmlDevice {self.index} {self.uuid}>"
