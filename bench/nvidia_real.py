@@ -5,8 +5,14 @@ python bench/nvidia_real.py [--fake-nvml MODEL] [--out FILE]
 Runs, against the real NVML (``pynvml``): discovery, the link matrix and preferred allocation,
 a full plugin served to a FakeKubelet with Allocate under every device-list strategy, the
 feature labels, and an event-set round trip (register the health events, wait with a short
-timeout, free). Without an NVIDIA GPU it says so and exits 0. ``--fake-nvml`` runs the same
-steps on a fake machine model, to check the script itself where there is no GPU.
+timeout, free). Then the DRA driver (``dra``): the ResourceSlices built from this machine's
+NVML, published through FakeKubeAPI (which checks every write as resource.k8s.io/v1) and
+checked again against the API's limits and, where kubernetes-validate is installed, the
+resource.k8s.io/v1 schema; a claim for a GPU and one for a MIG device (if there is one)
+prepared and unprepared through FakeKubelet's DRA mode, with each CDI spec checked (the IDs the
+kubelet gets, the spec's devices, device nodes that exist on this host) and removed at
+unprepare. Without an NVIDIA GPU it says why and exits 0. ``--fake-nvml`` runs the same steps on
+a fake machine model, to check the script itself where there is no GPU.
 """
 
 from __future__ import annotations
@@ -42,6 +48,12 @@ if TYPE_CHECKING:
 
 STRATEGIES: tuple[DeviceListStrategy, ...] = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 EVENT_WAIT_MS = 500
+DRA_DRIVER = "gpu.nvidia.com"
+DRA_NODE = "node-real"
+DRA_NAMESPACE = "bench"
+MAX_DEVICES_PER_SLICE = 128
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_STRING_ATTRIBUTE = 64
 
 
 def _step(report: dict[str, Any], name: str, func: Callable[[], Any]) -> Any:
@@ -202,6 +214,147 @@ async def _plugin_round(records: list[GpuRecord], links: LinkMatrix) -> dict[str
     return results
 
 
+def _slice_problems(obj: dict[str, Any]) -> list[str]:
+    """What the API server would refuse in a ResourceSlice: its validation (FakeKubeAPI's port of
+    ValidateResourceSlice), the schema where kubernetes-validate is installed, and the limits."""
+    from devplug.testing._kubeapi_validation import validate_slice
+
+    problems = [str(e) for e in validate_slice(obj)]
+    try:
+        import kubernetes_validate
+    except ImportError:
+        problems_schema = ["(schema not checked: kubernetes-validate is not installed)"]
+    else:
+        try:
+            kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
+            problems_schema = []
+        except kubernetes_validate.ValidationError as exc:
+            problems_schema = [f"schema: {'.'.join(map(str, exc.path))}: {exc.message}"]
+    devices = obj["spec"].get("devices") or []
+    if len(devices) > MAX_DEVICES_PER_SLICE:
+        problems.append(f"{len(devices)} devices in one slice (at most {MAX_DEVICES_PER_SLICE})")
+    for device in devices:
+        fields = len(device.get("attributes") or {}) + len(device.get("capacity") or {})
+        if fields > MAX_ATTRIBUTES_AND_CAPACITIES:
+            problems.append(f"{device['name']}: {fields} attributes and capacities")
+        for name, value in (device.get("attributes") or {}).items():
+            text = value.get("string", value.get("version"))
+            if isinstance(text, str) and len(text) > MAX_STRING_ATTRIBUTE:
+                problems.append(f"{device['name']}: attribute {name} is {len(text)} characters")
+    return problems + [p for p in problems_schema if not p.startswith("(")]
+
+
+def _check_spec(spec: dict[str, Any], uid: str, device: str, root: Path | None) -> dict[str, Any]:
+    """The claim's CDI spec: its kind and device name, and its device nodes on this host (under
+    the fake model's root with --fake-nvml)."""
+    problems = []
+    if spec.get("kind") != f"k8s.{DRA_DRIVER}/claim":
+        problems.append(f"kind {spec.get('kind')}")
+    names = [d["name"] for d in spec.get("devices") or []]
+    if names != [f"{uid}-{device}"]:
+        problems.append(f"devices {names}")
+    nodes = [n for d in spec.get("devices") or [] for n in d["containerEdits"].get("deviceNodes") or []]
+    nodes += (spec.get("containerEdits") or {}).get("deviceNodes") or []
+    # A node with its type, major and minor (a MIG capability node) is created from them in the
+    # container; the others are taken from the host path, which must exist.
+    paths = [n.get("hostPath") or n["path"] for n in nodes if "major" not in n]
+    if root is not None:  # the fake model's stand-ins live under its root
+        paths = [p if p.startswith(str(root)) else str(root) + p for p in paths]
+    missing = [p for p in paths if not os.path.exists(p)]
+    problems += [f"device node {p} does not exist" for p in missing]
+    made = [f"{n['path']} (c {n.get('major')}:{n.get('minor')})" for n in nodes if "major" in n]
+    return {"device_nodes": [n["path"] for n in nodes], "created_from_numbers": made, "problems": problems}
+
+
+async def _dra_round(plugin: Any, root: Path | None) -> dict[str, Any]:
+    """The DRA driver over ``plugin``: slices published and checked; a GPU claim and a MIG
+    claim prepared, their CDI specs checked, unprepared."""
+    import yaml
+
+    from devplug.testing import FakeKubeAPI, serving_dra
+
+    work = Path(tempfile.mkdtemp(prefix="dpr-", dir="/tmp"))
+    kubelet_root = work / "k"
+    out: dict[str, Any] = {"devices": [d.name for d in plugin.devices]}
+    try:
+        with anyio.fail_after(120):
+            async with (
+                FakeKubeAPI() as api,
+                FakeKubelet(
+                    work / "dp",
+                    plugins_registry_dir=kubelet_root / "plugins_registry",
+                    dra=True,
+                    kube_api=api,
+                    node_name=DRA_NODE,
+                ) as kubelet,
+                serving_dra(plugin, api, kubelet_root, node_name=DRA_NODE),
+            ):
+                await kubelet.wait_for_usable(DRA_DRIVER, timeout=30)
+                expected = -(-len(plugin.devices) // MAX_DEVICES_PER_SLICE) or 1
+                slices = await api.wait_for_slices(
+                    node=DRA_NODE, driver=DRA_DRIVER, count=expected, timeout=30
+                )
+                problems = [p for s in slices for p in _slice_problems(s)]
+                out["slices"] = len(slices)
+                out["slice_problems"] = problems
+                published = [d for s in slices for d in s["spec"].get("devices") or []]
+                kinds = {d["name"]: d["attributes"]["type"]["string"] for d in published}
+                chosen = [
+                    n for kind in ("gpu", "mig") for n in [*(n for n, k in kinds.items() if k == kind)][:1]
+                ]
+                claims: dict[str, Any] = {}
+                for number, device in enumerate(chosen):
+                    name = f"real-{number}"
+                    api.add_claim(DRA_NAMESPACE, name, requests=[("gpu", [device])], device_class=DRA_DRIVER)
+                    uid = str(
+                        api.allocate_claim(DRA_NAMESPACE, name, node=DRA_NODE, driver=DRA_DRIVER)["metadata"][
+                            "uid"
+                        ]
+                    )
+                    ref = (DRA_NAMESPACE, name, uid)
+                    began = time.perf_counter()
+                    results = await kubelet.prepare(DRA_DRIVER, [ref])
+                    prepared = time.perf_counter()
+                    ids = [i for d in results[uid].devices for i in d.cdi_device_ids]
+                    spec_file = kubelet_root / "cdi" / f"k8s.{DRA_DRIVER}-claim_{uid}.yaml"
+                    entry = _check_spec(yaml.safe_load(spec_file.read_text()), uid, device, root)
+                    if ids != [f"k8s.{DRA_DRIVER}/claim={uid}-{device}"]:
+                        entry["problems"].append(f"CDI IDs {ids}")
+                    before = time.perf_counter()
+                    await kubelet.unprepare(DRA_DRIVER, [ref])
+                    unprepared = time.perf_counter()
+                    if spec_file.exists():
+                        entry["problems"].append(f"{spec_file.name} left after unprepare")
+                    claims[device] = {
+                        "kind": kinds[device],
+                        "cdi_device_ids": ids,
+                        "prepare_ms": round((prepared - began) * 1000, 2),
+                        "unprepare_ms": round((unprepared - before) * 1000, 2),
+                        **entry,
+                    }
+                out["claims"] = claims
+    finally:
+        _remove(work)
+    failed = out["slice_problems"] + [f"{d}: {p}" for d, c in out["claims"].items() for p in c["problems"]]
+    if failed:
+        raise RuntimeError("; ".join(failed))
+    return out
+
+
+def _dra_plugin(fake: str | None, root: Path | None) -> Any:
+    """NvidiaDraPlugin on this machine's NVML (or the fake model's, on its tree under ``root``)."""
+    from devplug_nvidia.config import NvidiaSettings
+    from devplug_nvidia.dra import NvidiaDraPlugin
+
+    if fake is None:
+        return NvidiaDraPlugin.discover(NvidiaSettings(driver_name=DRA_DRIVER))
+    from devplug_nvidia.testing import fake_nvml
+
+    assert root is not None
+    settings = NvidiaSettings(driver_root=str(root), driver_name=DRA_DRIVER)
+    return NvidiaDraPlugin.discover(settings, module=fake_nvml(fake), sysfs=root / "sys", proc=root / "proc")
+
+
 def _describe(exc: BaseException) -> str:
     """The leaf errors of an exception (groups flattened), one line."""
     inner = getattr(exc, "exceptions", None)  # an exception group (Python >= 3.11)
@@ -229,6 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NvmlError as exc:
         report |= {"gpu": False, "reason": str(exc)}
         print(json.dumps(report, indent=2))
+        print(f"# no GPU here, every step skipped: {exc}", file=sys.stderr)
         return 0
     sysfs = root / "sys" if root else Path("/sys")
     proc = root / "proc" if root else Path("/proc")
@@ -239,6 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not count:
             report.setdefault("reason", "NVML lists no GPU")
             print(json.dumps(report, indent=2))
+            print(f"# no GPU here, the other steps skipped: {report['reason']}", file=sys.stderr)
             return 0
         records = _step(report, "discovery", lambda: discover_devices(nvml, sysfs=sysfs, proc=proc)) or []
         if records:
@@ -252,6 +407,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _step(report, "event_round_trip", lambda: _event_round_trip(nvml, records))
     if records and isinstance(links, LinkMatrix):
         _step(report, "plugin", lambda: anyio.run(_plugin_round, records, links))
+    if records:
+        plugin = _step(report, "dra_discovery", lambda: _dra_plugin(args.fake_nvml, root))
+        if plugin is not None:
+            report["dra_discovery"] = {"devices": len(plugin.devices)}
+            _step(report, "dra", lambda: anyio.run(_dra_round, plugin, root))
     text = json.dumps(report, indent=2, default=str)
     print(text)
     if args.out:
