@@ -27,6 +27,8 @@ if typing.TYPE_CHECKING:
     from devplug.health import HealthPolicy, HealthSettings
     from devplug.models import (
         ContainerAllocation,
+        CounterConsumption,
+        CounterSet,
         Device,
         DeviceSpec,
         DeviceTaint,
@@ -43,6 +45,8 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigError",
     "ContainerAllocation",
+    "CounterConsumption",
+    "CounterSet",
     "Device",
     "DevicePlugin",
     "DeviceSpec",
@@ -84,6 +88,8 @@ _HOMES = {
     "HealthPolicy": "devplug.health",
     "HealthSettings": "devplug.health",
     "ContainerAllocation": "devplug.models",
+    "CounterConsumption": "devplug.models",
+    "CounterSet": "devplug.models",
     "Device": "devplug.models",
     "DeviceSpec": "devplug.models",
     "DeviceTaint": "devplug.models",

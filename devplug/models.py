@@ -18,6 +18,8 @@ __all__ = [
     "CdiSpecFile",
     "Claim",
     "ContainerAllocation",
+    "CounterConsumption",
+    "CounterSet",
     "Device",
     "DeviceSpec",
     "DeviceTaint",
@@ -46,6 +48,10 @@ _LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]")
 _SUBDOMAIN_MAX = 253
 # Taints per device: 16 from Kubernetes 1.35 (1.34 accepted 4).
 MAX_TAINTS = 16
+# Counters (Kubernetes 1.35): a set or a consumption has 1 to 32 counters named by DNS labels; a
+# device consumes from at most 2 sets.
+MAX_COUNTERS = 32
+MAX_CONSUMPTIONS = 2
 # A Kubernetes quantity: a decimal number with an optional binary, decimal or exponent suffix.
 _QUANTITY = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?")
 
@@ -158,6 +164,74 @@ class DeviceTaint(_Frozen):
         return out
 
 
+def _counters(counters: Any) -> Any:
+    """Counter names (DNS labels) and values (quantities; integers written as quantities)."""
+    if not isinstance(counters, dict):
+        return counters
+    if not 1 <= len(counters) <= MAX_COUNTERS:
+        raise ValueError(f"1 to {MAX_COUNTERS} counters, got {len(counters)}")
+    out = {}
+    for name, value in counters.items():
+        if not isinstance(name, str) or not _LABEL.fullmatch(name):
+            raise ValueError(f"counter name {name!r} is not a DNS label (lowercase letters, digits and '-')")
+        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        if not isinstance(text, str) or not _QUANTITY.fullmatch(text):
+            raise ValueError(f"counter {name}: {value!r} is not a Kubernetes quantity (e.g. 40Gi, 8)")
+        out[name] = text
+    return out
+
+
+class CounterSet(_Frozen):
+    """Counters shared by several devices of a pool (``sharedCounters``, Kubernetes 1.35+): what
+    the devices that consume from it may take together, e.g. a GPU's multiprocessors and memory
+    slices, consumed by its partitions."""
+
+    name: str
+    """The set's name, unique in the pool (a DNS label, e.g. ``gpu-0-counter-set``)."""
+    counters: dict[str, str]
+    """Counter name (a DNS label) → how much there is (a quantity; integers accepted)."""
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, name: str) -> str:
+        if not _LABEL.fullmatch(name):
+            raise ValueError(f"counter set name {name!r} is not a DNS label")
+        return name
+
+    @field_validator("counters", mode="before")
+    @classmethod
+    def _counters(cls, counters: Any) -> Any:
+        return _counters(counters)
+
+    def __hash__(self) -> int:
+        return hash((self.name, tuple(self.counters.items())))
+
+
+class CounterConsumption(_Frozen):
+    """What a device takes from a :class:`CounterSet` of its pool while allocated
+    (``consumesCounters``)."""
+
+    counter_set: str
+    """The name of the set consumed from."""
+    counters: dict[str, str]
+    """Counter name → how much the device takes (a quantity; integers accepted)."""
+
+    @field_validator("counter_set")
+    @classmethod
+    def _dns_label(cls, name: str) -> str:
+        if not _LABEL.fullmatch(name):
+            raise ValueError(f"counter set name {name!r} is not a DNS label")
+        return name
+
+    @field_validator("counters", mode="before")
+    @classmethod
+    def _counters(cls, counters: Any) -> Any:
+        return _counters(counters)
+
+    def __hash__(self) -> int:
+        return hash((self.counter_set, tuple(self.counters.items())))
+
+
 class Device(_Frozen):
     """One schedulable unit of a resource, as listed to the kubelet.
 
@@ -186,6 +260,12 @@ class Device(_Frozen):
     """DRA: the device's taints (at most 16), published with it; empty: devplug taints an
     Unhealthy device ``<driver>/unhealthy`` (``NoSchedule``) by itself. The device-plugin API
     ignores them."""
+    consumes_counters: tuple[CounterConsumption, ...] = ()
+    """DRA: what the device takes from shared counter sets while allocated (at most 2 sets,
+    each named once); every set must be declared by some device's ``shared_counters``."""
+    shared_counters: tuple[CounterSet, ...] = ()
+    """DRA: counter sets this device declares for the pool (published once, in slices of their
+    own; several devices may declare the same set, identically)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -243,11 +323,26 @@ class Device(_Frozen):
             raise ValueError(f"a device has at most {MAX_ATTRIBUTES} attributes and capacities together")
         if len(self.taints) > MAX_TAINTS:
             raise ValueError(f"a device has at most {MAX_TAINTS} taints")
+        sets = [c.counter_set for c in self.consumes_counters]
+        if len(sets) > MAX_CONSUMPTIONS or len(set(sets)) != len(sets):
+            raise ValueError(f"a device consumes from at most {MAX_CONSUMPTIONS} counter sets, each once")
         return self
 
     def __hash__(self) -> int:
         attributes, capacity = tuple(self.attributes.items()), tuple(self.capacity.items())
-        return hash((self.id, self.health, self.numa_nodes, attributes, capacity, self.name, self.taints))
+        return hash(
+            (
+                self.id,
+                self.health,
+                self.numa_nodes,
+                attributes,
+                capacity,
+                self.name,
+                self.taints,
+                self.consumes_counters,
+                self.shared_counters,
+            )
+        )
 
     @property
     def healthy(self) -> bool:

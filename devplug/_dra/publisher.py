@@ -22,7 +22,17 @@ import anyio
 
 from devplug._core.backoff import Backoff
 from devplug._dra.kube import KubeError
-from devplug._dra.slices import Plan, Pool, chunks, device_entry, plan, schedulable
+from devplug._dra.slices import (
+    Plan,
+    Pool,
+    chunks,
+    consumption_problem,
+    counter_set_entry,
+    declared_counter_sets,
+    device_entry,
+    plan,
+    schedulable,
+)
 
 if TYPE_CHECKING:
     from devplug._dra.inventory import Inventory, Snapshot
@@ -168,9 +178,19 @@ class SlicePublisher:
         if self._wanted_cache is not None and self._wanted_cache[0] == key:
             return self._wanted_cache[1]
         devices = []
+        sets, conflicts = declared_counter_sets(e.device for e in snapshot.entries)
+        for name in conflicts:
+            self._log.error(
+                "counter_set_conflict", counter_set=name, note="declared differently; the first kept"
+            )
+        by_name = {s.name: s for s in sets}
         for entry in snapshot.entries:
             if not self.taints_supported and not schedulable(entry.device):
                 continue  # no taints on this server: an unhealthy device is not offered at all
+            problem = consumption_problem(entry.device, by_name)
+            if problem is not None:
+                self._log.error("device_not_published", device=entry.device.id, error=problem)
+                continue
             try:
                 devices.append(
                     device_entry(
@@ -182,7 +202,7 @@ class SlicePublisher:
                 )
             except ValueError as exc:
                 self._log.error("device_not_published", device=entry.device.id, error=str(exc))
-        wanted = chunks(devices)
+        wanted = chunks(devices, [counter_set_entry(s) for s in sets])
         self._wanted_cache = (key, wanted)
         return wanted
 

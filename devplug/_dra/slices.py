@@ -8,6 +8,10 @@ Pure: dicts in the resource.k8s.io/v1 JSON shape, no client, no I/O. The rules (
   any device does: chunk sizes then do not flip with every health change of one device);
 * a device's taints are the plugin's own (:attr:`devplug.models.Device.taints`), else
   ``<driver>/unhealthy`` (``NoSchedule``) while it is Unhealthy;
+* shared counter sets (declared by devices, :attr:`devplug.models.Device.shared_counters`) go in
+  slices of their own, at most 8 sets each, before the device slices (Kubernetes 1.35: a slice
+  carries devices or sharedCounters, not both); 64 devices per slice when a device consumes
+  counters; a device consuming from an undeclared set or counter is not published;
 * every slice of a pool carries the pool's ``generation`` and ``resourceSliceCount``; consumers
   use only the highest generation and allocate nothing from an incomplete pool;
 * the generation is kept when nothing is created, the slice count stays and at most one slice
@@ -26,14 +30,15 @@ from typing import TYPE_CHECKING, Any
 from devplug.models import MAX_ATTRIBUTES, Version
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
 
     from devplug._dra.inventory import Entry
-    from devplug.models import Device
+    from devplug.models import CounterSet, Device
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128
 MAX_DEVICES_TAINTED = 64
+MAX_COUNTER_SETS = 8
 ID_ATTRIBUTE = "id"
 NUMA_ATTRIBUTE = "numaNode"
 RESOURCE_ATTRIBUTE = "resourceName"
@@ -82,6 +87,11 @@ def device_entry(
     out: dict[str, Any] = {"name": entry.name, "attributes": dict(sorted(attributes.items()))}
     if device.capacity:
         out["capacity"] = {name: {"value": value} for name, value in sorted(device.capacity.items())}
+    if device.consumes_counters:
+        out["consumesCounters"] = [
+            {"counterSet": c.counter_set, "counters": _counter_values(c.counters)}
+            for c in device.consumes_counters
+        ]
     if taint_unhealthy:
         taints = [t.as_dict() for t in device.taints if effect_none or t.effect != "None"]
         if not device.taints and not device.healthy:
@@ -97,10 +107,57 @@ def schedulable(device: Device) -> bool:
     return device.healthy and all(t.effect == "None" for t in device.taints)
 
 
-def chunks(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The devices split into slices; one empty slice for no devices (a pool has ≥ 1 slice)."""
-    size = MAX_DEVICES_TAINTED if any("taints" in d for d in devices) else MAX_DEVICES
-    return [list(devices[i : i + size]) for i in range(0, len(devices), size)] or [[]]
+class CounterSlice(list[dict[str, Any]]):
+    """The ``sharedCounters`` of one slice (in :func:`chunks`' result, beside device lists)."""
+
+
+def counter_set_entry(counter_set: CounterSet) -> dict[str, Any]:
+    """One ``sharedCounters`` entry in the API's shape."""
+    return {"name": counter_set.name, "counters": _counter_values(counter_set.counters)}
+
+
+def _counter_values(counters: dict[str, str]) -> dict[str, Any]:
+    return {name: {"value": value} for name, value in sorted(counters.items())}
+
+
+def declared_counter_sets(devices: Iterable[Device]) -> tuple[list[CounterSet], list[str]]:
+    """The distinct counter sets ``devices`` declare, by name, and the names declared differently
+    by two devices (the first declaration is kept)."""
+    sets: dict[str, CounterSet] = {}
+    conflicts: list[str] = []
+    for device in devices:
+        for counter_set in device.shared_counters:
+            known = sets.setdefault(counter_set.name, counter_set)
+            if known != counter_set and counter_set.name not in conflicts:
+                conflicts.append(counter_set.name)
+    return [sets[n] for n in sorted(sets)], conflicts
+
+
+def consumption_problem(device: Device, sets: dict[str, CounterSet]) -> str | None:
+    """Why ``device``'s counter consumption cannot be published with ``sets``, or None."""
+    for consumption in device.consumes_counters:
+        counter_set = sets.get(consumption.counter_set)
+        if counter_set is None:
+            return f"consumes from counter set {consumption.counter_set}, which no device declares"
+        unknown = sorted(set(consumption.counters) - set(counter_set.counters))
+        if unknown:
+            return f"consumes counters {', '.join(unknown)} that set {counter_set.name} does not have"
+    return None
+
+
+def chunks(
+    devices: Sequence[dict[str, Any]], counter_sets: Sequence[dict[str, Any]] = ()
+) -> list[list[dict[str, Any]]]:
+    """The counter sets (as :class:`CounterSlice` lists, first) and the devices split into slices;
+    one empty slice for nothing at all (a pool has ≥ 1 slice)."""
+    sets: list[list[dict[str, Any]]] = [
+        CounterSlice(counter_sets[i : i + MAX_COUNTER_SETS])
+        for i in range(0, len(counter_sets), MAX_COUNTER_SETS)
+    ]
+    limited = any("taints" in d or "consumesCounters" in d for d in devices)
+    size = MAX_DEVICES_TAINTED if limited else MAX_DEVICES
+    parts = [list(devices[i : i + size]) for i in range(0, len(devices), size)]
+    return sets + parts or [[]]
 
 
 def name_prefix(index: int, driver: str, node: str) -> str:
@@ -149,12 +206,17 @@ class Pool:
         }
 
     def spec(self, generation: int, count: int, devices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
+        """A slice's spec: ``devices``, or the counter sets of a :class:`CounterSlice`."""
+        spec: dict[str, Any] = {
             "driver": self.driver,
             "nodeName": self.node,
             "pool": {"name": self.node, "generation": generation, "resourceSliceCount": count},
-            "devices": devices,
         }
+        if isinstance(devices, CounterSlice):
+            spec["sharedCounters"] = list(devices)
+        else:
+            spec["devices"] = devices
+        return spec
 
 
 @dataclass
@@ -172,6 +234,8 @@ class Plan:
 
 def comparable(spec: dict[str, Any]) -> dict[str, Any]:
     """A slice spec without what the API server fills in by itself (a taint's ``timeAdded``)."""
+    if "devices" not in spec:
+        return spec
     devices = []
     for device in spec.get("devices") or ():
         taints = device.get("taints")
