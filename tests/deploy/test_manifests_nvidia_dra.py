@@ -249,6 +249,8 @@ def test_mounts_are_the_settings_directories(clean_env: pytest.MonkeyPatch) -> N
     # The kubelet's directories and the CDI directory, at their host paths.
     _host_mount(pod, settings.plugins_registry_dir, kind="Directory")
     _host_mount(pod, data_dir, kind="DirectoryOrCreate")
+    # MPS daemons' tmpfs mounts under mps/ must reach the host (privileged containers only).
+    assert _mount(pod, str(data_dir))[0]["mountPropagation"] == "Bidirectional"
     _host_mount(pod, settings.cdi_dir, kind="DirectoryOrCreate")
     # The driver root (host path --driver-root) where the settings look for it in the container.
     mount, volume = _mount(pod, settings.driver_root_ctr_path)
