@@ -26,6 +26,7 @@ from devplug._core.backoff import Backoff
 from devplug._core.cdi_sync import CdiSync
 from devplug._core.feed import feed_devices
 from devplug._core.registration import register
+from devplug._core.rivals import RivalWatch
 from devplug._core.servicer import (
     DevicePluginService,
     ServiceStats,
@@ -91,11 +92,13 @@ class ResourceRunner:
         self._log = structlog.get_logger("devplug.resource").bind(resource=plugin.resource_name)
         # Only plugins that define cdi_spec pay for it.
         self._cdi = CdiSync(plugin, settings.cdi_dir, self._log) if plugin.writes_cdi_spec() else None
+        self._rivals = RivalWatch(plugin.resource_name, watcher.path, self._log)
 
     async def run(self) -> None:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._feed_devices)
+                tg.start_soon(self._rivals.run, self.watcher)
                 # Register only once there is a list to send: the kubelet shows no capacity until
                 # the first ListAndWatch message, and an empty first list would flap it to zero.
                 if self.state.current.version == 0:
@@ -155,6 +158,7 @@ class ResourceRunner:
     async def _serving(self, *, plugin_watcher: bool) -> AsyncIterator[SocketServer]:
         """A fresh server on a new socket name in the watched directory; stopped on exit."""
         name = unique_socket_name(self.plugin.resource_name)
+        self._rivals.own.add(name)  # before it exists: its creation is no rival's
         path = self.watcher.path / name
         service = DevicePluginService(
             self.plugin,

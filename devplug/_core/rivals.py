@@ -1,0 +1,64 @@
+"""Other servers of this resource in the same directory: a second copy of the plugin, or the
+overlap of a rolling update.
+
+The kubelet keeps one endpoint per resource name, the last one registered, and tells the one it
+replaced nothing: kubelets 1.26-1.35 leave its ListAndWatch open (and keep taking its lists for
+the same resource), the fake kubelet closes it. What a plugin can observe is the directory: a
+socket named as devplug names this resource's sockets (``<vendor>-<name>-<8 hex>.sock``) that
+is not one of its own. A plugin that names its sockets otherwise cannot be recognised, and the
+kubelet answers no question about who registered a resource.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from devplug._core.sockets import is_live_socket, unique_socket_name
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from devplug._core.watch import DirWatcher
+
+
+class RivalWatch:
+    """Logs ``another_plugin_socket`` once for each other server of the resource that appears."""
+
+    def __init__(self, resource: str, directory: Path, log: Any) -> None:
+        base = unique_socket_name(resource).rsplit("-", 1)[0]
+        self._pattern = re.compile(re.escape(base) + r"-[0-9a-f]{8}\.sock")
+        self._directory = directory
+        self._log = log
+        self.own: set[str] = set()
+        """This resource's own socket names: added before each is created."""
+        self._seen: set[str] | None = None
+
+    def _names(self) -> set[str]:
+        try:
+            names = {p.name for p in self._directory.iterdir() if self._pattern.fullmatch(p.name)}
+        except OSError:  # the directory is being re-created: the next change looks again
+            return set()
+        return names - self.own
+
+    def new(self) -> list[str] | None:
+        """Sockets of another server that appeared since the last look (None when there are none)."""
+        names = self._names()
+        if self._seen is None:
+            # The first look: a dead socket is a crashed predecessor's, not a rival.
+            self._seen = names
+            fresh = sorted(n for n in names if is_live_socket(self._directory / n))
+        else:
+            fresh = sorted(names - self._seen)
+            self._seen |= names
+        return fresh or None
+
+    async def run(self, watcher: DirWatcher) -> None:
+        """Look at every change of the directory until cancelled."""
+        while True:
+            for name in await watcher.wait_for(self.new):
+                self._log.warning(
+                    "another_plugin_socket",
+                    other_socket=name,
+                    note="another server of this resource: the kubelet keeps the last one registered",
+                )
