@@ -11,6 +11,7 @@ from devplug_nvidia.testing._handles import Device, MigDevice, build_devices
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
     from devplug_nvidia.testing._specs import MachineModel
 
@@ -47,6 +48,9 @@ class FakeBase:
         self._init_count = 0
         self._failures: dict[str, list[int]] = {}
         self._lock = threading.Lock()
+        self.proc_root: Path | None = None
+        """Where this machine's ``/proc`` is (a fake root's ``proc``): compute instances created
+        through NVML get their capability files there, as the driver writes them."""
 
     # -- test controls ------------------------------------------------------------------------
 

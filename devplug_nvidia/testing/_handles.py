@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from devplug_nvidia.testing._specs import GiProfile, GpuSpec, MachineModel
 
 # Allowed start slices per GPU-instance size, and the GI ID NVML gives each placement on A100.
-_STARTS = {1: range(7), 2: (0, 2, 4), 3: (0, 4), 4: (0,), 7: (0,)}
+STARTS = {1: range(7), 2: (0, 2, 4), 3: (0, 4), 4: (0,), 7: (0,)}
 _GI_IDS = {(7, 0): 0, (4, 0): 1, (3, 0): 1, (3, 4): 2, (2, 0): 3, (2, 2): 4, (2, 4): 5}
 
 
@@ -86,7 +86,7 @@ def _build_mig(model: MachineModel, device: Device) -> None:
     used: set[int] = set()
     for instance in device.spec.mig_instances:
         profile = profiles[instance.gi_profile_id]
-        start = next(s for s in _STARTS[profile.slices] if used.isdisjoint(range(s, s + profile.slices)))
+        start = next(s for s in STARTS[profile.slices] if used.isdisjoint(range(s, s + profile.slices)))
         used.update(range(start, start + profile.slices))
         gi_id = _GI_IDS.get((profile.slices, start), 7 + start if profile.slices == 1 else 100 + start)
         gi = GpuInstance(device, gi_id, profile, start)

@@ -1,11 +1,22 @@
-"""The MIG part of the fake NVML: modes, MIG-device handles, GPU and compute instances."""
+"""The MIG part of the fake NVML: modes, MIG-device handles, GPU and compute instances.
+
+Instances are created and destroyed as NVML does (dynamic MIG): a GPU instance at one of its
+profile's possible placements (memory slices ``start`` to ``start + size``), refused with
+INSUFFICIENT_RESOURCES where another instance holds one of those slices or the profile's
+instance count is reached, NOT_SUPPORTED without MIG mode; one compute instance per profile fits
+in a GPU instance as its slices allow; a GPU instance with compute instances is IN_USE; a
+created compute instance appears as a MIG device (with a UUID) until it is destroyed.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from devplug_nvidia.testing import _errors as C
 from devplug_nvidia.testing._base import FakeBase, api
-from devplug_nvidia.testing._handles import ComputeInstance, Device, GpuInstance, MigDevice
+from devplug_nvidia.testing._handles import STARTS, ComputeInstance, Device, GpuInstance, MigDevice
 from devplug_nvidia.testing._profiles import CI_PROFILE_BY_SLICES
+from devplug_nvidia.testing._root import remove_instance_capabilities, write_instance_capabilities
 from devplug_nvidia.testing._structs import (
     ComputeInstanceInfo,
     ComputeInstanceProfileInfo,
@@ -14,6 +25,9 @@ from devplug_nvidia.testing._structs import (
     GpuInstanceProfileInfo,
     Placement,
 )
+
+if TYPE_CHECKING:
+    from devplug_nvidia.testing._specs import GiProfile
 
 #: Most MIG devices one GPU can hold (7 compute slices).
 MAX_MIG_DEVICES = 7
@@ -168,6 +182,122 @@ class MigApi(FakeBase):
             sharedJpegCount=gi.profile.jpegs,
             sharedOfaCount=gi.profile.ofas,
         )
+
+    # -- dynamic MIG: creating and destroying instances ---------------------------------------
+
+    def _profile(self, device: Device, profile_id: int) -> GiProfile:
+        """The GPU-instance profile NVML reports as ``profile_id`` (a ``GpuInstanceProfileInfo.id``)."""
+        for row in device.spec.gi_profiles:
+            if row.nvml_id == profile_id:
+                return row
+        raise C.NVMLError_InvalidArgument()
+
+    @api
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, device: object, profileInfo: GpuInstanceProfileInfo
+    ) -> list[Placement]:
+        gpu = self._mig_gpu(device)
+        if not gpu.spec.mig_enabled:
+            raise C.NVMLError_NotSupported()
+        return possible_placements(self._profile(gpu, profileInfo.id))
+
+    @api
+    def nvmlDeviceGetGpuInstanceRemainingCapacity(self, device: object, profileId: int) -> int:
+        gpu = self._mig_gpu(device)
+        profile = self._profile(gpu, profileId)
+        free = [p for p in possible_placements(profile) if _fits(gpu, p)]
+        return min(len(free), profile.instance_count - _count(gpu, profile))
+
+    @api
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, device: object, profileId: int, placement: Placement
+    ) -> GpuInstance:
+        gpu = self._mig_gpu(device)
+        if not gpu.spec.mig_enabled:
+            raise C.NVMLError_NotSupported()
+        profile = self._profile(gpu, profileId)
+        wanted = (placement.start, placement.size)
+        if wanted not in [(p.start, p.size) for p in possible_placements(profile)]:
+            raise C.NVMLError_InvalidArgument()
+        with self._lock:
+            if not _fits(gpu, placement) or _count(gpu, profile) >= profile.instance_count:
+                raise C.NVMLError_InsufficientResources()
+            used = {gi.id for gi in gpu.instances}
+            gi = GpuInstance(gpu, min(set(range(1, 15)) - used), profile, placement.start)
+            gpu.instances.append(gi)
+        return gi
+
+    @api
+    def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance: object, profileId: int) -> ComputeInstance:
+        gi = _gi(gpuInstance)
+        self._gpu(gi.device)
+        if gi not in gi.device.instances:
+            raise C.NVMLError_InvalidArgument()
+        slices = next((s for s, p in CI_PROFILE_BY_SLICES.items() if p == profileId), None)
+        if slices is None or slices > gi.profile.slices:
+            raise C.NVMLError_NotSupported()
+        with self._lock:
+            taken = sum(ci.slices for ci in gi.compute_instances)
+            if taken + slices > gi.profile.slices:
+                raise C.NVMLError_InsufficientResources()
+            used = {ci.id for ci in gi.compute_instances}
+            ci = ComputeInstance(gi, min(set(range(8)) - used), slices, taken)
+            gi.compute_instances.append(ci)
+            device = gi.device
+            uuid = self.model.mig_uuid(device.index, gi.id, ci.id)
+            device.mig_devices.append(MigDevice(device, len(device.mig_devices), ci, uuid))
+        if self.proc_root is not None:
+            write_instance_capabilities(self.proc_root, device.index, gi.id, ci.id)
+        return ci
+
+    @api
+    def nvmlComputeInstanceDestroy(self, computeInstance: object) -> None:
+        if not isinstance(computeInstance, ComputeInstance):
+            raise C.NVMLError_InvalidArgument()
+        ci = computeInstance
+        gi = ci.gpu_instance
+        with self._lock:
+            if ci not in gi.compute_instances:
+                raise C.NVMLError_InvalidArgument()
+            gi.compute_instances.remove(ci)
+            device = gi.device
+            device.mig_devices = [m for m in device.mig_devices if m.compute_instance is not ci]
+            for slot, mig in enumerate(device.mig_devices):
+                mig.slot = slot
+        if self.proc_root is not None:
+            remove_instance_capabilities(self.proc_root, device.index, gi.id, ci.id)
+
+    @api
+    def nvmlGpuInstanceDestroy(self, gpuInstance: object) -> None:
+        gi = _gi(gpuInstance)
+        with self._lock:
+            if gi not in gi.device.instances:
+                raise C.NVMLError_InvalidArgument()
+            if gi.compute_instances:
+                raise C.NVMLError_InUse()
+            gi.device.instances.remove(gi)
+        if self.proc_root is not None:
+            remove_instance_capabilities(self.proc_root, gi.device.index, gi.id, None)
+
+
+def possible_placements(profile: GiProfile) -> list[Placement]:
+    """Where an instance of ``profile`` may start, and the memory slices it spans."""
+    size = profile.placement_size or profile.slices
+    return [Placement(start, size) for start in STARTS[profile.slices] if start + size <= 8]
+
+
+def _fits(gpu: Device, placement: Placement) -> bool:
+    """Whether no GPU instance holds a memory slice of ``placement``."""
+    wanted = set(range(placement.start, placement.start + placement.size))
+    for gi in gpu.instances:
+        size = gi.profile.placement_size or gi.profile.slices
+        if wanted & set(range(gi.start, gi.start + size)):
+            return False
+    return True
+
+
+def _count(gpu: Device, profile: GiProfile) -> int:
+    return sum(1 for gi in gpu.instances if gi.profile is profile)
 
 
 def _gi(handle: object) -> GpuInstance:

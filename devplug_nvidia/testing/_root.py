@@ -126,6 +126,32 @@ def _write_capabilities(base: Path, model: MachineModel) -> None:
                 _write_cap(folder / f"ci{ci.id}" / "access", mig_cap_minor(device.index, gi.id, ci.id))
 
 
+def write_instance_capabilities(proc: Path, gpu: int, gpu_instance: int, compute_instance: int) -> None:
+    """The capability files the driver creates with a new compute instance (and its GPU instance)
+    under ``proc`` (the fake's ``/proc``)."""
+    folder = proc / "driver" / "nvidia" / "capabilities" / f"gpu{gpu}" / "mig" / f"gi{gpu_instance}"
+    if not (folder / "access").exists():
+        _write_cap(folder / "access", mig_cap_minor(gpu, gpu_instance))
+    minor = mig_cap_minor(gpu, gpu_instance, compute_instance)
+    _write_cap(folder / f"ci{compute_instance}" / "access", minor)
+
+
+def remove_instance_capabilities(
+    proc: Path, gpu: int, gpu_instance: int, compute_instance: int | None
+) -> None:
+    """Remove what :func:`write_instance_capabilities` wrote: a compute instance's file, or (None)
+    the GPU instance's whole folder."""
+    folder = proc / "driver" / "nvidia" / "capabilities" / f"gpu{gpu}" / "mig" / f"gi{gpu_instance}"
+    if compute_instance is not None:
+        (folder / f"ci{compute_instance}" / "access").unlink(missing_ok=True)
+        if (folder / f"ci{compute_instance}").is_dir():
+            (folder / f"ci{compute_instance}").rmdir()
+        return
+    (folder / "access").unlink(missing_ok=True)
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+
+
 def _write_cap(path: Path, minor: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: {CAP_FILE_MODE}\nDeviceFileModify: 1\n")
