@@ -100,7 +100,9 @@ async def follow(kubelet: FakeKubelet, out: TextIO) -> None:
     while True:
 
         def changed(seen: int = seen, tables: dict[str, Table] = tables) -> dict[str, Table] | None:
-            now = _tables(kubelet)
+            # A resource whose new endpoint has not listed yet keeps its last table, so that
+            # the replacement is told when the new list comes.
+            now = tables | _tables(kubelet)
             return now if len(kubelet.registrations) != seen or now != tables else None
 
         now = await kubelet.wait_for(changed)
@@ -147,6 +149,11 @@ def table_lines(name: str, before: Table | None, after: Table) -> list[str]:
     endpoint, connected, rows = after
     if before is not None and before[1] and not connected:
         return [f"{name}: stream ended; its devices are unhealthy until it registers again"]
+    replaced = []
+    if before is not None and before[0] != endpoint and before[1]:
+        # The same resource registered from another socket: the kubelet closed the old one's stream.
+        old_name, new_name = (path.rpartition("/")[2] for path in (before[0], endpoint))
+        replaced = [f"{name}: {old_name} replaced by {new_name}; its stream closed"]
     old_rows = before[2] if before is not None and before[0] == endpoint else None
     if old_rows is not None and [r[0] for r in old_rows] == [r[0] for r in rows]:
         return [
@@ -155,9 +162,9 @@ def table_lines(name: str, before: Table | None, after: Table) -> list[str]:
             if old[1] != new[1]
         ]
     if old_rows == rows:
-        return []
+        return replaced
     healthy = sum(r[1] == "Healthy" for r in rows)
-    lines = [f"{name}: {len(rows)} device{'s' if len(rows) != 1 else ''}, {healthy} healthy"]
+    lines = [*replaced, f"{name}: {len(rows)} device{'s' if len(rows) != 1 else ''}, {healthy} healthy"]
     width = max((len(r[0]) for r in rows), default=0)
     for device_id, health, numa in rows:
         where = f"  numa {','.join(map(str, numa))}" if numa else ""

@@ -131,8 +131,13 @@ TABLE = ["  a  Healthy  numa 0", "  b  Healthy"]
         # A new endpoint (a re-registration) prints its whole table, even when it is the same.
         (("s1", False, ROWS), ("s2", True, ROWS), ["r: 2 devices, 2 healthy", *TABLE]),
         (None, ("s1", True, ()), ["r: 0 devices, 0 healthy"]),
+        (
+            ("/dp/s1", True, ROWS),
+            ("/dp/s2", True, ROWS),
+            ["r: s1 replaced by s2; its stream closed", "r: 2 devices, 2 healthy", *TABLE],
+        ),
     ],
-    ids=["first", "unchanged", "health", "stream-ended", "new-endpoint", "empty"],
+    ids=["first", "unchanged", "health", "stream-ended", "new-endpoint", "empty", "replaced"],
 )
 def test_table_lines(before: Table | None, after: Table, lines: list[str]) -> None:
     assert table_lines("r", before, after) == lines
