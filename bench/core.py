@@ -152,15 +152,21 @@ async def bench_restarts_and_health(workdir: Path, restarts: int, flips: int) ->
     }
 
 
-def round_trips(socket: Path, calls: int) -> dict[str, Any]:
+BLOCK = 50  # calls to one server before the client turns to the other
+
+
+def round_trips(sockets: dict[str, Path], calls: int) -> dict[str, Any]:
     """Allocate and GetPreferredAllocation round trips from a blocking client in a thread.
 
-    The same client measures devplug and the bare server, so their difference is devplug's
-    cost; a Go client (the kubelet's) spends less per call than this one.
+    The same client calls every server of ``sockets`` (name → socket) in turn, ``BLOCK`` calls
+    at a time, the order swapped each block: a change in the machine's load (other processes
+    on 2 shared cores) falls on all of them alike, so their difference is devplug's cost. A Go
+    client (the kubelet's) spends less per call than this one.
     """
-    results: dict[str, Any] = {}
-    with grpc.insecure_channel(f"unix://{socket}") as channel:
-        stub: Any = pb_grpc.DevicePluginStub(channel)
+    results: dict[str, Any] = {name: {} for name in sockets}
+    channels = {name: grpc.insecure_channel(f"unix://{path}") for name, path in sockets.items()}
+    try:
+        stubs: dict[str, Any] = {name: pb_grpc.DevicePluginStub(ch) for name, ch in channels.items()}
         ids = [f"fake-{i}" for i in range(8)]
         for n in (1, 8):
             request = pb.AllocateRequest(
@@ -171,35 +177,49 @@ def round_trips(socket: Path, calls: int) -> dict[str, Any]:
                     pb.ContainerPreferredAllocationRequest(available_deviceIDs=ids, allocation_size=n)
                 ]
             )
-            calls_by_name = (
-                ("allocate", stub.Allocate, request),
-                ("preferred", stub.GetPreferredAllocation, preferred),
-            )
-            for name, call, message in calls_by_name:
-                for _ in range(200):  # warm-up
-                    call(message)
-                samples = []
-                for _ in range(calls):
-                    before = time.perf_counter()
-                    call(message)
-                    samples.append(time.perf_counter() - before)
-                results[f"{name}_{n}_device{'s' if n > 1 else ''}"] = summary(samples, "us")
+            for name, method, message in (
+                ("allocate", "Allocate", request),
+                ("preferred", "GetPreferredAllocation", preferred),
+            ):
+                calls_of = {target: getattr(stub, method) for target, stub in stubs.items()}
+                for call in calls_of.values():
+                    for _ in range(200):  # warm-up
+                        call(message)
+                samples: dict[str, list[float]] = {target: [] for target in calls_of}
+                order = list(calls_of)
+                for block in range(max(1, calls // BLOCK)):
+                    for target in order if block % 2 == 0 else reversed(order):
+                        call, times = calls_of[target], samples[target]
+                        for _ in range(BLOCK):
+                            before = time.perf_counter()
+                            call(message)
+                            times.append(time.perf_counter() - before)
+                key = f"{name}_{n}_device{'s' if n > 1 else ''}"
+                for target, times in samples.items():
+                    results[target][key] = summary(times, "us")
+    finally:
+        for channel in channels.values():
+            channel.close()
     return results
 
 
 async def bench_round_trips(workdir: Path, calls: int) -> dict[str, Any]:
+    """devplug-fake and the bare grpc.aio plugin, both serving, called in alternating blocks."""
     dp_dir = workdir / "rtt"
-    async with FakeKubelet(dp_dir) as kubelet, started(plugin_command(dp_dir, "--count", "8")):
+    bare_socket = workdir / "bare.sock"
+    bare = [sys.executable, str(ROOT / "bench" / "bare_plugin.py"), str(bare_socket)]
+    async with (
+        FakeKubelet(dp_dir) as kubelet,
+        started(plugin_command(dp_dir, "--count", "8")),
+        started(bare),
+    ):
         reg = await kubelet.wait_for_registration(RESOURCE, timeout=30)
         await kubelet.wait_for_devices(RESOURCE, timeout=30)
-        devplug_figures = await anyio.to_thread.run_sync(round_trips, dp_dir / reg.endpoint, calls)
-    bare_socket = workdir / "bare.sock"
-    async with started([sys.executable, str(ROOT / "bench" / "bare_plugin.py"), str(bare_socket)]):
         with anyio.fail_after(30):
             while not bare_socket.exists():  # noqa: ASYNC110 - another process creates it
                 await anyio.sleep(0.01)
-        bare_figures = await anyio.to_thread.run_sync(round_trips, bare_socket, calls)
-    return {"devplug": devplug_figures, "bare_grpc_aio": bare_figures}
+        sockets = {"devplug": dp_dir / reg.endpoint, "bare_grpc_aio": bare_socket}
+        return await anyio.to_thread.run_sync(round_trips, sockets, calls)
 
 
 async def main_async(quick: bool) -> dict[str, Any]:

@@ -5,7 +5,7 @@ Shared by the servicer and the testing kit; nothing else touches protobuf types.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug.models import ContainerAllocation, Device, DeviceSpec, Health, Mount, PluginOptions
@@ -48,19 +48,26 @@ def list_response(devices: Iterable[Device]) -> pb.ListAndWatchResponse:
 
 
 def allocation_to_pb(allocation: ContainerAllocation) -> pb.ContainerAllocateResponse:
-    return pb.ContainerAllocateResponse(
-        envs=allocation.envs,
-        mounts=[
+    # Every Allocate converts one: fields the plugin left empty are not passed at all (an
+    # empty list or map costs the message constructor as much as a short one).
+    fields: dict[str, Any] = {}
+    if allocation.envs:
+        fields["envs"] = allocation.envs
+    if allocation.mounts:
+        fields["mounts"] = [
             pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
             for m in allocation.mounts
-        ],
-        devices=[
+        ]
+    if allocation.devices:
+        fields["devices"] = [
             pb.DeviceSpec(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions)
             for d in allocation.devices
-        ],
-        annotations=allocation.annotations,
-        cdi_devices=[pb.CDIDevice(name=name) for name in allocation.cdi_devices],
-    )
+        ]
+    if allocation.annotations:
+        fields["annotations"] = allocation.annotations
+    if allocation.cdi_devices:
+        fields["cdi_devices"] = [pb.CDIDevice(name=name) for name in allocation.cdi_devices]
+    return pb.ContainerAllocateResponse(**fields)
 
 
 def allocation_from_pb(message: pb.ContainerAllocateResponse) -> ContainerAllocation:

@@ -234,8 +234,15 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
 
     def _devices(self, ids: Sequence[str]) -> tuple[list[Device], list[str]]:
         by_id = self._state.current.by_id
-        unknown = [i for i in ids if i not in by_id]
-        return [by_id[i] for i in ids if i in by_id], unknown
+        devices: list[Device] = []
+        unknown: list[str] = []
+        for i in ids:  # one pass: this runs on every Allocate
+            device = by_id.get(i)
+            if device is None:
+                unknown.append(i)
+            else:
+                devices.append(device)
+        return devices, unknown
 
     @_measured
     async def Allocate(
@@ -254,12 +261,16 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 self._log.exception("allocate_failed", devices=ids, error=str(exc))
                 await context.abort(grpc.StatusCode.INTERNAL, f"allocate failed for {ids}: {exc}")
             # A missing host path passes the kubelet and fails in the container runtime, far
-            # from its cause: say so here, where the plugin's answer is known.
-            try:
-                check_host_paths(allocation, mode=self._host_path_check, root=self._host_root, log=self._log)
-            except HostPathError as exc:
-                self._log.error("allocate_refused", devices=ids, error=str(exc))
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"allocate for {ids}: {exc}")
+            # from its cause: say so here, where the plugin's answer is known. (Only device
+            # nodes and mounts name host paths: an answer without either has nothing to check.)
+            if allocation.devices or allocation.mounts:
+                try:
+                    check_host_paths(
+                        allocation, mode=self._host_path_check, root=self._host_root, log=self._log
+                    )
+                except HostPathError as exc:
+                    self._log.error("allocate_refused", devices=ids, error=str(exc))
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"allocate for {ids}: {exc}")
             responses.append(response)
         return pb.AllocateResponse(container_responses=responses)
 
