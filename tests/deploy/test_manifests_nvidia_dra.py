@@ -257,22 +257,20 @@ def test_mounts_are_the_settings_directories(clean_env: pytest.MonkeyPatch) -> N
     assert volume["hostPath"] == {"path": settings.driver_root, "type": "Directory"}
     assert mount["readOnly"] is True
     assert mount["mountPropagation"] == "HostToContainer"
-    # The host's device nodes, where the dev root says they are (host and container alike).
-    dev = os.path.join(settings.effective_dev_root, "dev")
-    mount, volume = _mount(pod, dev)
-    assert volume["hostPath"] == {"path": dev, "type": "Directory"}
-    assert mount["readOnly"] is True
+    # The device nodes: the dev root is the driver root, /, and a privileged container sees the
+    # host's nodes in its own /dev, so the paths it finds are the host's.
+    assert settings.effective_dev_root == "/"
     # Nothing else from the host: not the device-plugin directory (this node serves its GPUs
-    # through DRA only), not /proc (the MIG capability files are the kernel's, in every /proc).
+    # through DRA only), not /proc (the MIG capability files are the kernel's, in every /proc),
+    # not /dev (see above).
     assert {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v} == {
         str(settings.plugins_registry_dir),
         str(data_dir),
         str(settings.cdi_dir),
         settings.driver_root,
-        dev,
     }
-    assert len(_container(pod)["volumeMounts"]) == 5
-    assert not any(m["mountPath"].startswith("/proc") for m in _container(pod)["volumeMounts"])
+    assert len(_container(pod)["volumeMounts"]) == 4
+    assert not any(m["mountPath"].startswith(("/proc", "/dev")) for m in _container(pod)["volumeMounts"])
 
 
 def test_sockets_and_checkpoint_lie_in_the_mounted_directories(clean_env: pytest.MonkeyPatch) -> None:
