@@ -29,6 +29,7 @@ from devplug.plugin import DevicePlugin
 from devplug_nvidia._allocate import CONTROL_NODES, build_allocation, present_nodes
 from devplug_nvidia._dra_cdi import build_claim_spec, claim_device_id, claim_spec_file, spec_yaml
 from devplug_nvidia._dra_devices import DRIVER_NAME, announced, device_of
+from devplug_nvidia._dra_dynamic import DynamicMig, creates_mig_devices, destroys_mig_devices, dynamic_mig
 from devplug_nvidia._dra_sharing import SharingManager, plan, sharing_manager, with_device_edits
 from devplug_nvidia.config import NvidiaSettings
 from devplug_nvidia.discovery import GPU_RESOURCE, NvmlSource, discover_devices, nvml_source
@@ -60,6 +61,7 @@ class NvidiaDraPlugin(DevicePlugin):
         proc: where this process sees the host's ``/proc`` (MIG capability files).
         health: the NVML health monitor whose health and taints the devices carry (None: every
             device Healthy, no taints); whoever serves the plugin runs it.
+        dynamic_mig: the MIG devices created at prepare (``DynamicMIG``; None: static MIG only).
     """
 
     resource_name = GPU_RESOURCE
@@ -78,16 +80,19 @@ class NvidiaDraPlugin(DevicePlugin):
         driver_files: DriverFiles | None = None,
         proc: Path = Path("/proc"),
         health: DraHealthMonitor | None = None,
+        dynamic_mig: DynamicMig | None = None,
     ) -> None:
         self.config = config
         self.driver = driver
         self.present = frozenset(present)
         self.driver_files = driver_files
         self.proc = proc
-        self.records = announced(records)
+        self.records = announced(records) if dynamic_mig is None else dynamic_mig.kept(announced(records))
         self.devices = [device_of(r) for r in self.records]
         self._by_name = {d.name: r for d, r in zip(self.devices, self.records, strict=True)}
         self._by_id = {r.uuid: r for r in self.records}
+        self.dynamic_mig = dynamic_mig
+        self.devices += dynamic_mig.devices if dynamic_mig is not None else []
         self.health = health
 
     @classmethod
@@ -116,8 +121,10 @@ class NvidiaDraPlugin(DevicePlugin):
         from devplug_nvidia._dra_health import dra_health_monitor
 
         source = nvml_source(settings, module=module, sysfs=sysfs, proc=proc)
+        driver = settings.driver_name or DRIVER_NAME
         with source.open() as nvml:
             records = discover_devices(nvml, sysfs=source.sysfs, proc=source.proc, details=True)
+            dynamic = dynamic_mig(settings, nvml, records, source, settings.dra_plugins_dir / driver)
         version = next((r.details.driver_version for r in records if r.details is not None), None)
         files = find_driver_files(driver_view(settings), version)
         if records and files is None:
@@ -126,7 +133,6 @@ class NvidiaDraPlugin(DevicePlugin):
                 root=driver_view(settings),
                 note="the claim specs inject device nodes only; containers need the driver another way",
             )
-        driver = settings.driver_name or DRIVER_NAME
         plugin = cls(
             records,
             settings,
@@ -135,6 +141,7 @@ class NvidiaDraPlugin(DevicePlugin):
             driver_files=files,
             proc=source.proc,
             health=dra_health_monitor(settings, announced(records), driver, module=source.module),
+            dynamic_mig=dynamic,
         )
         plugin.nvml_source = source  # the same NVML for the claims' compute modes
         return plugin
@@ -202,6 +209,7 @@ class NvidiaDraPlugin(DevicePlugin):
         source = self.nvml_source or nvml_source(self.config)
         return sharing_manager(self.config, source, self.config.dra_plugins_dir / self.driver)
 
+    @creates_mig_devices
     async def prepare_claim(
         self, claim: Claim, devices: Sequence[AllocatedDevice], config: Sequence[OpaqueConfig]
     ) -> Sequence[PreparedDevice]:
@@ -238,6 +246,7 @@ class NvidiaDraPlugin(DevicePlugin):
             for d in devices
         ]
 
+    @destroys_mig_devices
     async def unprepare_claim(self, claim: Claim) -> None:
         """Undo the claim's sharing (stop its MPS daemons, reset time slices); its CDI spec is
         removed by devplug.
