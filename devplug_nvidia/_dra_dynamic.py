@@ -26,6 +26,7 @@ placement they hold fails to prepare (NVML's INSUFFICIENT_RESOURCES).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import functools
 import json
@@ -292,7 +293,7 @@ class DynamicMig:
         placement = next(
             (
                 p
-                for p in nvml.call("nvmlDeviceGetGpuInstancePossiblePlacements", handle, info)
+                for p in _possible_placements(nvml, handle, int(info.id))
                 if int(p.start) == slot.start and int(p.size) == slot.size
             ),
             None,
@@ -300,7 +301,9 @@ class DynamicMig:
         if placement is None:
             raise DynamicMigError(f"{slot.name}: placement {slot.start}+{slot.size} is no longer offered")
         try:
-            gi = nvml.call("nvmlDeviceCreateGpuInstanceWithPlacement", handle, info.id, placement)
+            gi = nvml.call(
+                "nvmlDeviceCreateGpuInstanceWithPlacement", handle, info.id, ctypes.pointer(placement)
+            )
         except NvmlError as exc:
             raise DynamicMigError(f"{slot.name}: creating the GPU instance failed: {exc}") from None
         gi_id = int(nvml.call("nvmlGpuInstanceGetInfo", gi).id)
@@ -392,7 +395,7 @@ def _slots(nvml: Nvml, record: GpuRecord) -> list[MigSlot]:
     for index in range(_GI_PROFILE_COUNT):
         try:
             info = nvml.call("nvmlDeviceGetGpuInstanceProfileInfo", handle, index)
-            placements = nvml.call("nvmlDeviceGetGpuInstancePossiblePlacements", handle, info)
+            placements = _possible_placements(nvml, handle, int(info.id))
         except NvmlError as exc:
             if exc.code in (_nvml.NOT_SUPPORTED, _nvml.INVALID_ARGUMENT):
                 continue
@@ -432,6 +435,19 @@ def _slots(nvml: Nvml, record: GpuRecord) -> list[MigSlot]:
                 )
             )
     return slots
+
+
+def _possible_placements(nvml: Nvml, handle: Any, profile_id: int) -> list[Any]:
+    """Where GPU instances of ``profile_id`` may go, read as pynvml wants it: the count first
+    (no array), then an array of the module's ``c_nvmlGpuInstancePlacement_t`` that size."""
+    function = "nvmlDeviceGetGpuInstancePossiblePlacements"
+    count = ctypes.c_uint(0)
+    nvml.call(function, handle, profile_id, None, ctypes.pointer(count))
+    if not count.value:
+        return []
+    array = (nvml.module.c_nvmlGpuInstancePlacement_t * count.value)()
+    nvml.call(function, handle, profile_id, array, ctypes.pointer(count))
+    return list(array[: count.value])
 
 
 def _mig_uuid(nvml: Nvml, handle: Any, gi: int, ci: int) -> str | None:

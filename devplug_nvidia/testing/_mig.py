@@ -10,7 +10,8 @@ created compute instance appears as a MIG device (with a UUID) until it is destr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import ctypes
+from typing import TYPE_CHECKING, Any
 
 from devplug_nvidia.testing import _errors as C
 from devplug_nvidia.testing._base import FakeBase, api
@@ -29,12 +30,21 @@ from devplug_nvidia.testing._structs import (
 if TYPE_CHECKING:
     from devplug_nvidia.testing._specs import GiProfile
 
+
+class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
+    """pynvml's placement struct: where a GPU instance starts and how many memory slices it spans."""
+
+    _fields_ = (("start", ctypes.c_uint), ("size", ctypes.c_uint))
+
+
 #: Most MIG devices one GPU can hold (7 compute slices).
 MAX_MIG_DEVICES = 7
 
 
 class MigApi(FakeBase):
     """MIG functions of :class:`FakeNvml`."""
+
+    c_nvmlGpuInstancePlacement_t = c_nvmlGpuInstancePlacement_t
 
     def _mig_gpu(self, handle: object) -> Device:
         if isinstance(handle, MigDevice):
@@ -194,12 +204,22 @@ class MigApi(FakeBase):
 
     @api
     def nvmlDeviceGetGpuInstancePossiblePlacements(
-        self, device: object, profileInfo: GpuInstanceProfileInfo
-    ) -> list[Placement]:
+        self, device: object, profileId: int, placementsRef: Any, countRef: Any
+    ) -> int:
+        """pynvml's C-style call: ``countRef`` a ``ctypes.pointer`` to a ``c_uint`` set to the
+        count; ``placementsRef`` None (count only) or a ctypes array of
+        :class:`c_nvmlGpuInstancePlacement_t` filled (INSUFFICIENT_SIZE when too short)."""
         gpu = self._mig_gpu(device)
         if not gpu.spec.mig_enabled:
             raise C.NVMLError_NotSupported()
-        return possible_placements(self._profile(gpu, profileInfo.id))
+        placements = possible_placements(self._profile(gpu, profileId))
+        if placementsRef is not None:
+            if len(placementsRef) < len(placements):
+                raise C.NVMLError_InsufficientSize()
+            for slot, placement in zip(placementsRef, placements, strict=False):
+                slot.start, slot.size = placement.start, placement.size
+        countRef.contents.value = len(placements)
+        return C.NVML_SUCCESS
 
     @api
     def nvmlDeviceGetGpuInstanceRemainingCapacity(self, device: object, profileId: int) -> int:
@@ -210,8 +230,11 @@ class MigApi(FakeBase):
 
     @api
     def nvmlDeviceCreateGpuInstanceWithPlacement(
-        self, device: object, profileId: int, placement: Placement
+        self, device: object, profileId: int, placement: Any
     ) -> GpuInstance:
+        """``placement``: a ``ctypes.pointer`` to a :class:`c_nvmlGpuInstancePlacement_t`, as
+        pynvml passes it on to the C function."""
+        placement = placement.contents
         gpu = self._mig_gpu(device)
         if not gpu.spec.mig_enabled:
             raise C.NVMLError_NotSupported()
@@ -220,7 +243,9 @@ class MigApi(FakeBase):
         if wanted not in [(p.start, p.size) for p in possible_placements(profile)]:
             raise C.NVMLError_InvalidArgument()
         with self._lock:
-            if not _fits(gpu, placement) or _count(gpu, profile) >= profile.instance_count:
+            if not _fits(gpu, Placement(placement.start, placement.size)) or (
+                _count(gpu, profile) >= profile.instance_count
+            ):
                 raise C.NVMLError_InsufficientResources()
             used = {gi.id for gi in gpu.instances}
             gi = GpuInstance(gpu, min(set(range(1, 15)) - used), profile, placement.start)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,20 +31,35 @@ def _profile(fake: FakeNvml, gpu: int, index: int) -> GpuInstanceProfileInfo:
     return fake.nvmlDeviceGetGpuInstanceProfileInfo(fake.devices[gpu], index)
 
 
+def _placements(fake: FakeNvml, gpu: object, profile: GpuInstanceProfileInfo) -> list[Any]:
+    """Possible placements, asked as pynvml asks: the count, then an array that size."""
+    count = ctypes.c_uint(0)
+    fake.nvmlDeviceGetGpuInstancePossiblePlacements(gpu, profile.id, None, ctypes.pointer(count))
+    array = (fake.c_nvmlGpuInstancePlacement_t * count.value)()
+    fake.nvmlDeviceGetGpuInstancePossiblePlacements(gpu, profile.id, array, ctypes.pointer(count))
+    return list(array)
+
+
+def _create(fake: FakeNvml, gpu: object, profile: GpuInstanceProfileInfo, placement: Any) -> object:
+    return fake.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, profile.id, ctypes.pointer(placement))
+
+
 def _code(error: pytest.ExceptionInfo[C.NVMLError]) -> int:
     return error.value.value
 
 
 def test_possible_placements_follow_the_profile_size(fake: FakeNvml) -> None:
     gpu = fake.devices[EMPTY_GPU]
-    one = fake.nvmlDeviceGetGpuInstancePossiblePlacements(gpu, _profile(fake, EMPTY_GPU, 0))
-    three = fake.nvmlDeviceGetGpuInstancePossiblePlacements(gpu, _profile(fake, EMPTY_GPU, 2))
+    one = _placements(fake, gpu, _profile(fake, EMPTY_GPU, 0))
+    three = _placements(fake, gpu, _profile(fake, EMPTY_GPU, 2))
     assert [(p.start, p.size) for p in one] == [(i, 1) for i in range(7)]
     assert [(p.start, p.size) for p in three] == [(0, 3), (4, 3)]
+    short = (fake.c_nvmlGpuInstancePlacement_t * 1)()
     with pytest.raises(C.NVMLError) as error:
-        fake.nvmlDeviceGetGpuInstancePossiblePlacements(
-            fake.devices[MIG_OFF_GPU], _profile(fake, MIG_OFF_GPU, 0)
-        )
+        fake.nvmlDeviceGetGpuInstancePossiblePlacements(gpu, 0, short, ctypes.pointer(ctypes.c_uint(1)))
+    assert _code(error) == C.NVML_ERROR_INSUFFICIENT_SIZE
+    with pytest.raises(C.NVMLError) as error:
+        _placements(fake, fake.devices[MIG_OFF_GPU], _profile(fake, MIG_OFF_GPU, 0))
     assert _code(error) == C.NVML_ERROR_NOT_SUPPORTED
 
 
@@ -50,24 +67,24 @@ def test_overlapping_placements_are_insufficient_resources(fake: FakeNvml) -> No
     gpu = fake.devices[EMPTY_GPU]
     three = _profile(fake, EMPTY_GPU, 2)
     one = _profile(fake, EMPTY_GPU, 0)
-    first = fake.nvmlDeviceGetGpuInstancePossiblePlacements(gpu, three)[0]
-    gi = fake.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, three.id, first)
+    first = _placements(fake, gpu, three)[0]
+    gi = _create(fake, gpu, three, first)
     for start in (0, 2):
-        placement = fake.nvmlDeviceGetGpuInstancePossiblePlacements(gpu, one)[start]
+        placement = _placements(fake, gpu, one)[start]
         with pytest.raises(C.NVMLError) as error:
-            fake.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, one.id, placement)
+            _create(fake, gpu, one, placement)
         assert _code(error) == C.NVML_ERROR_INSUFFICIENT_RESOURCES
-    free = fake.nvmlDeviceGetGpuInstancePossiblePlacements(gpu, one)[4]  # blocks the other 3g
-    assert fake.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, one.id, free) is not gi
+    free = _placements(fake, gpu, one)[4]  # blocks the other 3g
+    assert _create(fake, gpu, one, free) is not gi
     assert fake.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, three.id) == 0
 
 
 def test_a_placement_the_profile_does_not_have_is_refused(fake: FakeNvml) -> None:
     gpu = fake.devices[EMPTY_GPU]
     three = _profile(fake, EMPTY_GPU, 2)
-    odd = fake.nvmlDeviceGetGpuInstancePossiblePlacements(gpu, _profile(fake, EMPTY_GPU, 0))[1]
+    odd = _placements(fake, gpu, _profile(fake, EMPTY_GPU, 0))[1]
     with pytest.raises(C.NVMLError) as error:
-        fake.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, three.id, odd)
+        _create(fake, gpu, three, odd)
     assert _code(error) == C.NVML_ERROR_INVALID_ARGUMENT
 
 
@@ -76,8 +93,8 @@ def test_a_compute_instance_is_a_mig_device_until_destroyed(fake: FakeNvml, tmp_
     fake.proc_root = root / "proc"
     gpu = fake.devices[EMPTY_GPU]
     two = _profile(fake, EMPTY_GPU, 1)
-    placement = fake.nvmlDeviceGetGpuInstancePossiblePlacements(gpu, two)[1]
-    gi = fake.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, two.id, placement)
+    placement = _placements(fake, gpu, two)[1]
+    gi = _create(fake, gpu, two, placement)
     ci_profile = fake.nvmlGpuInstanceGetComputeInstanceProfileInfo(
         gi, C.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE, 0
     )
@@ -113,8 +130,8 @@ def test_a_compute_instance_is_a_mig_device_until_destroyed(fake: FakeNvml, tmp_
 def test_the_profile_instance_count_is_a_limit(fake: FakeNvml) -> None:
     gpu = fake.devices[EMPTY_GPU]
     me = _profile(fake, EMPTY_GPU, C.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1)  # one per GPU
-    placements = fake.nvmlDeviceGetGpuInstancePossiblePlacements(gpu, me)
-    fake.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, me.id, placements[0])
+    placements = _placements(fake, gpu, me)
+    _create(fake, gpu, me, placements[0])
     with pytest.raises(C.NVMLError) as error:
-        fake.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, me.id, placements[1])
+        _create(fake, gpu, me, placements[1])
     assert _code(error) == C.NVML_ERROR_INSUFFICIENT_RESOURCES
