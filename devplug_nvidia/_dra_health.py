@@ -7,7 +7,7 @@ happened to each device, as taints:
 
 * a counted XID ``n``: ``<driver>/xid`` = ``n``, ``NoSchedule``. A recoverable one goes when the
   device is Healthy again (the GPU quiet for ``--health.recovery-cooldown``, the flap limiter
-  on top); a fatal one (79, 48, ...) stays;
+  on top); a fatal one (79, 48, ...) stays, and later XIDs do not change its value;
 * an XID the filter ignores (13, 31, 43, 45, 68, 109, ``--additional-xids-to-ignore``):
   ``<driver>/xid`` = ``n``, effect ``None`` (informational: scheduling goes on), removed after
   the same quiet period. It never replaces a ``NoSchedule`` XID taint;
@@ -99,7 +99,9 @@ class DraHealthMonitor(HealthMonitor):
         units = list(units)
         lowered = reason.lower()
         for unit in units:
-            if lowered.startswith("xid "):
+            if unit.uuid in self._fatal and unit.uuid in self._xid:
+                pass  # the XID that made the device fail for good stays its taint's value
+            elif lowered.startswith("xid "):
                 self._xid[unit.uuid] = int(reason.split()[1])
             elif lowered.startswith("double-bit ecc"):
                 self._xid[unit.uuid] = _DBE_XID

@@ -128,6 +128,7 @@ async def test_a_fatal_xid_stays_while_a_later_recoverable_one_recovers(short_di
     async with node("pcie-a10", short_dir) as n:
         n.fake.push_xid(0, 79)
         await n.wait_taints(lambda t: t["gpu-0"])
+        n.fake.push_xid(0, 94)  # a later XID on a GPU failed for good does not replace 79
         n.fake.push_xid(1, 94)
         await n.wait_taints(lambda t: t["gpu-1"])
         # GPU 1 recovered after the cooldown, which GPU 0's older event passed too.
