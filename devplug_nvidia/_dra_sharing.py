@@ -101,15 +101,17 @@ def plan(
     *,
     record_of: Callable[[str], GpuRecord],
     gates: Mapping[str, bool],
+    type_of: Callable[[str], str] | None = None,
 ) -> list[SharingGroup]:
     """The claim's groups: its configs decoded, matched to its devices, normalized and checked
-    (nothing is applied). ``record_of``: device name → record.
+    (nothing is applied). ``record_of``: device name → record; ``type_of``: device name → the
+    type NVIDIA names in messages (default: the record's kind, ``gpu`` or ``mig``).
 
     Raises:
         OpaqueConfigError: NVIDIA's message for the first problem.
     """
     entries = opaque_configs(driver, claim.resource_claim, given)
-    groups = group_results(entries, devices, lambda name: record_of(name).kind)
+    groups = group_results(entries, devices, type_of or (lambda name: record_of(name).kind))
     return [
         SharingGroup(
             prepared_config(group.config, gates),

@@ -209,6 +209,12 @@ class NvidiaDraPlugin(DevicePlugin):
         source = self.nvml_source or nvml_source(self.config)
         return sharing_manager(self.config, source, self.config.dra_plugins_dir / self.driver)
 
+    def _device_type(self, name: str) -> str:
+        """The device's type as NVIDIA names it: ``gpu``, ``mig``, or ``migdyn`` (DynamicMIG)."""
+        if self.dynamic_mig is not None and self.dynamic_mig.owns(name):
+            return "migdyn"
+        return self._by_name[name].kind
+
     @creates_mig_devices
     async def prepare_claim(
         self, claim: Claim, devices: Sequence[AllocatedDevice], config: Sequence[OpaqueConfig]
@@ -222,7 +228,13 @@ class NvidiaDraPlugin(DevicePlugin):
             CapabilityError: a MIG device's capability files cannot be read.
         """
         groups = plan(
-            self.driver, claim, devices, config, record_of=self._by_name.__getitem__, gates=self.config.gates
+            self.driver,
+            claim,
+            devices,
+            config,
+            record_of=self._by_name.__getitem__,
+            gates=self.config.gates,
+            type_of=self._device_type,
         )
         extra: dict[str, ContainerEdits] = {}
         if any(g.shares for g in groups):

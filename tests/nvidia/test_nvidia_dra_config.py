@@ -337,6 +337,24 @@ def test_a_config_naming_a_request_is_exact_and_must_suit_the_device_type() -> N
     assert _groups([_opaque(gpu(kind="VfioDeviceConfig"))], devices[:1]) == [("GpuConfig:-", ["gpu-0"])]
 
 
+def test_a_dynamic_mig_device_is_named_migdyn_and_takes_mig_device_configs() -> None:
+    entries = opaque_configs(
+        "gpu.nvidia.com",
+        _claim([_opaque(gpu({"strategy": "MPS"}, kind="MigDeviceConfig"))]).resource_claim,
+        [],
+    )
+    groups = group_results(entries, [_allocated("a", "gpu-0-mig-1g5gb-19-0")], lambda _: "migdyn")
+    assert isinstance(groups[0].config, MigDeviceConfig) and groups[0].config.sharing is not None
+    entries = opaque_configs(
+        "gpu.nvidia.com", _claim([_opaque(gpu({"strategy": "MPS"}), requests=["a"])]).resource_claim, []
+    )
+    with pytest.raises(OpaqueConfigError) as info:
+        group_results(entries, [_allocated("a", "gpu-0-mig-1g5gb-19-0")], lambda _: "migdyn")
+    assert str(info.value) == (
+        'cannot apply GpuConfig to device "gpu-0-mig-1g5gb-19-0" of type "migdyn" (request: a)'
+    )
+
+
 def test_a_compute_domain_kind_is_taken_and_then_refused() -> None:
     entries = opaque_configs(
         "gpu.nvidia.com", _claim([_opaque(gpu(kind="ComputeDomainChannelConfig"))]).resource_claim, []
