@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from devplug.testing import FakeKubeAPI, FakeKubelet, serving_dra
-from devplug_nvidia import _dra_sharing
+from devplug_nvidia import _dra_mps, _dra_sharing
 from devplug_nvidia.config import NvidiaSettings
 from devplug_nvidia.dra import NvidiaDraPlugin
 from devplug_nvidia.testing import MODELS, FakeNvml, write_root
@@ -321,7 +321,7 @@ async def test_mps_on_a_mig_device_leaves_its_parent_compute_mode(short_dir: Pat
 async def test_a_daemon_that_never_answers_fails_the_claim_and_is_cleaned_up(
     short_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_dra_sharing, "_READY_DELAYS", (0.0,))
+    monkeypatch.setattr(_dra_mps, "_READY_DELAYS", (0.0,))
     async with node("dgx-a100", short_dir) as n:
         control = n.root / "usr/bin/nvidia-cuda-mps-control"
         # A daemon that starts but never creates its pipe marker: every question fails.
