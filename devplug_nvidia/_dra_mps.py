@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,24 +26,27 @@ import structlog
 from devplug.cdi import CdiMount, ContainerEdits
 from devplug.errors import DevplugError
 from devplug_nvidia._cdi_driver import BINARY_DIRS
-from devplug_nvidia._dra_config import OpaqueConfigError, pinned_limits
+from devplug_nvidia._dra_config import GpuConfig, MigDeviceConfig, OpaqueConfigError
+from devplug_nvidia._dra_groups import pinned_limits
 from devplug_nvidia._mps import CONTROL_BINARY, control_command
 from devplug_nvidia._nvml import NOT_SUPPORTED, NvmlError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-    from devplug_nvidia._dra_config import MpsConfig
-    from devplug_nvidia._dra_sharing import ClaimSharing, SharingGroup
+    from devplug_nvidia._dra_config import Config, MpsConfig
+    from devplug_nvidia._model import GpuRecord
     from devplug_nvidia._nvml import Nvml
 
 __all__ = [
     "CONTAINER_PIPE_DIR",
     "CONTAINER_SHM_DIR",
+    "ClaimSharing",
     "GpuTools",
     "MpsDaemons",
     "NotSupportedError",
     "SharingError",
+    "SharingGroup",
     "daemon_id",
 ]
 
@@ -67,6 +71,45 @@ def daemon_id(claim_uid: str, uuids: Sequence[str]) -> str:
     """``<claim UID>-<first 5 hex digits of sha256("uuid1,uuid2,...")>`` (UUIDs sorted)."""
     digest = hashlib.sha256(",".join(sorted(uuids)).encode()).hexdigest()
     return f"{claim_uid}-{digest[:5]}"
+
+
+@dataclass(frozen=True)
+class SharingGroup:
+    """One group of a claim: its config (normalized and valid) and its devices."""
+
+    config: Config
+    requests: tuple[str, ...]
+    """The request of each of its results, in order (for NVIDIA's messages)."""
+    devices: tuple[tuple[str, GpuRecord], ...]
+    """(device name, record) of each of its results."""
+
+    @property
+    def uuids(self) -> list[str]:
+        return sorted({r.uuid for _, r in self.devices})
+
+    @property
+    def gpu_uuids(self) -> list[str]:
+        return sorted({r.uuid for _, r in self.devices if r.kind == "gpu"})
+
+    @property
+    def shares(self) -> bool:
+        """Its config asks for a sharing strategy."""
+        config = self.config
+        return isinstance(config, GpuConfig | MigDeviceConfig) and config.sharing is not None
+
+
+@dataclass
+class ClaimSharing:
+    """What was done for one claim (the state file's content)."""
+
+    time_sliced: list[str] = field(default_factory=list)
+    """GPU UUIDs whose time slice was set."""
+    daemons: list[dict[str, Any]] = field(default_factory=list)
+    """MPS daemons started: ``{"id": ..., "gpus": [...]}``."""
+
+    @property
+    def empty(self) -> bool:
+        return not (self.time_sliced or self.daemons)
 
 
 class GpuTools:

@@ -21,9 +21,9 @@ import contextlib
 import json
 import os
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -35,15 +35,15 @@ from devplug_nvidia._dra_config import (
     GpuSharing,
     MigDeviceConfig,
     OpaqueConfigError,
-    group_results,
-    opaque_configs,
-    prepared_config,
 )
+from devplug_nvidia._dra_groups import group_results, opaque_configs, prepared_config
 from devplug_nvidia._dra_mps import (
     CONTAINER_PIPE_DIR,
+    ClaimSharing,
     MpsDaemons,
     NotSupportedError,
     SharingError,
+    SharingGroup,
     daemon_id,
 )
 from devplug_nvidia._feature_gates import MPS_SUPPORT, TIME_SLICING_SETTINGS
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 
     from devplug.cdi import CdiSpec, ContainerEdits
     from devplug.models import AllocatedDevice, Claim, OpaqueConfig
-    from devplug_nvidia._dra_config import Config
     from devplug_nvidia._model import GpuRecord
     from devplug_nvidia._nvml import Nvml
     from devplug_nvidia.config import NvidiaSettings
@@ -106,45 +105,6 @@ def plan(
         )
         for group in groups
     ]
-
-
-@dataclass(frozen=True)
-class SharingGroup:
-    """One group of a claim: its config (normalized and valid) and its devices."""
-
-    config: Config
-    requests: tuple[str, ...]
-    """The request of each of its results, in order (for NVIDIA's messages)."""
-    devices: tuple[tuple[str, GpuRecord], ...]
-    """(device name, record) of each of its results."""
-
-    @property
-    def uuids(self) -> list[str]:
-        return sorted({r.uuid for _, r in self.devices})
-
-    @property
-    def gpu_uuids(self) -> list[str]:
-        return sorted({r.uuid for _, r in self.devices if r.kind == "gpu"})
-
-    @property
-    def shares(self) -> bool:
-        """Its config asks for a sharing strategy."""
-        config = self.config
-        return isinstance(config, GpuConfig | MigDeviceConfig) and config.sharing is not None
-
-
-@dataclass
-class ClaimSharing:
-    """What was done for one claim (the state file's content)."""
-
-    time_sliced: list[str] = field(default_factory=list)
-    """GPU UUIDs whose time slice was set."""
-    daemons: list[dict[str, Any]] = field(default_factory=list)
-    """MPS daemons started: ``{"id": ..., "gpus": [...]}``."""
-
-    @property
-    def empty(self) -> bool:
-        return not (self.time_sliced or self.daemons)
 
 
 class SharingManager(MpsDaemons):

@@ -20,11 +20,8 @@ from devplug_nvidia._dra_config import (
     Quantity,
     VfioDeviceConfig,
     decode_config,
-    group_results,
-    opaque_configs,
-    pinned_limits,
-    prepared_config,
 )
+from devplug_nvidia._dra_groups import group_results, opaque_configs, pinned_limits, prepared_config
 from devplug_nvidia._feature_gates import FeatureGateError, parse_feature_gates
 from devplug_nvidia.config import load_nvidia_settings
 
