@@ -282,6 +282,19 @@ async def test_mps_starts_one_daemon_per_group_and_unprepare_stops_it(short_dir:
         assert not (n.plugin_dir / "sharing" / f"{uid}.json").exists()
 
 
+async def test_an_unprepare_after_a_restart_stops_the_daemon_from_the_state_file(short_dir: Path) -> None:
+    async with node("dgx-a100", short_dir) as n:
+        ref = n.claim("mps", [("gpu", ["gpu-4"])], [entry(gpu_config({"strategy": "MPS"}))])
+        await n.kubelet.prepare(DRIVER, [ref])
+        ident = _dra_sharing.daemon_id(ref[2], [n.uuid(4)])
+        # A new process knows the claim only from the files under the plugin directory.
+        del n.plugin.__dict__["sharing"]
+        await n.kubelet.unprepare(DRIVER, [ref])
+        assert n.tool_log()[-1] == f"{ident}: quit"
+        assert not (n.plugin_dir / "mps" / ident).exists()
+        assert n.mode(4) == DEFAULT
+
+
 async def test_each_config_of_a_claim_gets_its_own_daemon(short_dir: Path) -> None:
     async with node("dgx-a100", short_dir) as n:
         config = [
