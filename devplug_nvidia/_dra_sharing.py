@@ -155,9 +155,11 @@ class SharingManager(MpsDaemons):
                 except (SharingError, OpaqueConfigError) as exc:
                     raise SharingError(f"error applying config: {exc}") from None
         except BaseException:
+            # Undone now if possible; else the state file stays and the kubelet's next prepare
+            # of the claim tries again (a failed claim is never unprepared).
             with contextlib.suppress(SharingError, OSError):
                 self._undo(claim_uid, done)
-            self._forget(claim_uid)
+                self._forget(claim_uid)
             raise
         return edits
 
