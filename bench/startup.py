@@ -15,6 +15,10 @@ the ``devplug-fake`` console script, ``devplug run`` with bench/minimal_plugin.p
 
 Also the import cost: ``import devplug`` and the console scripts' imports before ``main()``,
 timed inside fresh interpreters (median of several). Prints JSON.
+
+With ``DEVPLUG_BENCH_BEFORE=DIR`` (an older tree, ``git archive`` of devplug, devplug_fake and
+devplug_nvidia unpacked in DIR) that tree's devplug-fake starts in every round too, as
+``devplug_fake_before``: before and after from one run.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ BIN = Path(sys.executable).parent
 BENCH = core.ROOT / "bench"
 RESOURCE = "example.com/bare"
 BASELINE = "bare_grpc_aio"
+# Another source tree of devplug (``git archive OLD devplug devplug_fake devplug_nvidia``
+# unpacked there) whose devplug-fake also starts each round: before/after figures, one run.
+BEFORE = os.environ.get("DEVPLUG_BENCH_BEFORE", "")
 RUNS = {False: 15, True: 3}  # starts of each subject: full run, --quick
 IMPORT_RUNS = {False: 9, True: 3}
 TARGET_RATIO = 2.0  # devplug's p50 start → Register at most twice the bare plugin's
@@ -89,6 +96,11 @@ def subjects(directory: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
         "devplug_nvidia_dgx_a100": (
             [*_script("devplug-nvidia", "devplug_nvidia"), "--fake-nvml", "dgx-a100", *common],
             {},
+        ),
+        **(
+            {"devplug_fake_before": ([str(BIN / "devplug-fake"), *common], {"PYTHONPATH": BEFORE})}
+            if BEFORE
+            else {}
         ),
     }
 
@@ -170,7 +182,8 @@ def byte_compile() -> None:
     Without it (a source checkout run with PYTHONDONTWRITEBYTECODE set, as in CI), every start
     compiles devplug's modules again, tens of milliseconds that no installed plugin pays.
     """
-    packages = [str(core.ROOT / name) for name in ("devplug", "devplug_fake", "devplug_nvidia")]
+    roots = [core.ROOT, *([Path(BEFORE)] if BEFORE else [])]
+    packages = [str(root / name) for root in roots for name in ("devplug", "devplug_fake", "devplug_nvidia")]
     subprocess.run([sys.executable, "-m", "compileall", "-q", *packages], check=True)
 
 
