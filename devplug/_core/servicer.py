@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import grpc
 
-from devplug import _convert, policies
+from devplug import _convert
 from devplug._core.telemetry import ResourceCounters
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
@@ -208,6 +208,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self, by_id: dict[str, Device], available: list[str], must_include: list[str], size: int
     ) -> list[str]:
         # Never fail: an admission storm calls this back to back and an error fails the pod.
+        # (The policies module loads with the first call: a plugin without the option never
+        # needs it, and a later import is a dictionary lookup.)
+        from devplug import policies
+
         if size >= len(available):
             return policies.repair((), available, must_include, size)
         try:
