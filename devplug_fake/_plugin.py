@@ -12,7 +12,7 @@ import anyio
 from asyncinotify import Inotify, Mask
 from pydantic import ValidationError
 
-from devplug import ContainerAllocation, Device, DevicePlugin, DeviceSpec, Health, HealthPolicy, policies
+from devplug import ContainerAllocation, Device, DevicePlugin, DeviceSpec, Health, HealthPolicy
 from devplug_fake._config import FakeResource, StateFile
 
 if TYPE_CHECKING:
@@ -200,6 +200,8 @@ class PolicyFakePlugin(FakePlugin):
     async def preferred_allocation(
         self, available: Sequence[Device], must_include: Sequence[Device], size: int
     ) -> Sequence[str] | None:
+        from devplug import policies  # loaded by the first call: a resource without a policy never needs it
+
         numa = {d.id: d.numa_nodes or None for d in (*available, *must_include)}
         policy = self.config.policy
         if policy == "packed":

@@ -113,10 +113,12 @@ def test_building_the_devplug_parser_loads_no_testing_kit() -> None:
 
 
 def test_serving_loads_no_config_file_reader() -> None:
-    """The runtime and the fake backend load PyYAML with a config or state file, not before."""
+    """The runtime and the fake backend load PyYAML with a config or state file, and the
+    allocation policies with a resource that has one, not before."""
     loaded = loaded_by("import devplug._main, devplug_fake._plugin, devplug_fake._config")
     assert "devplug._core.runner" in loaded
     assert sorted(m for m in loaded if m.split(".")[0] in {"yaml", "lightkube", "httpx"}) == []
+    assert "devplug.policies" not in loaded
 
 
 def test_the_device_plugin_runtime_loads_only_what_serving_uses() -> None:
