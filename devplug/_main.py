@@ -11,10 +11,9 @@ import sys
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-import anyio
-
 from devplug._core.runner import Plugins, PluginSource, Reload, _as_list, serve
-from devplug._core.signals import until_signalled
+from devplug._core.signals import install as install_signals
+from devplug._core.signals import run_async, until_signalled
 from devplug.errors import ConfigError
 from devplug.logging import configure as configure_logging
 from devplug.plugin import DevicePlugin
@@ -50,6 +49,7 @@ def run(
     options' (:func:`devplug.dra.run` sets it); ``driver_name`` is the default of theirs.
     """
     name = prog or "devplug"
+    install_signals(name)  # from here on a SIGTERM / Ctrl-C never ends in a traceback
     reload: Reload | None = None
     try:
         if settings is None:
@@ -64,7 +64,7 @@ def run(
             if isinstance(resolved, PluginSource):
                 reload = None
             main = partial(serve, resolved, settings, reload=reload)
-        anyio.run(main, backend="asyncio")
+        run_async(main)
     except KeyboardInterrupt:
         # Ctrl-C before the signal handlers were in place (reading options, connecting, or
         # an import): nothing was served yet, so nothing is left to remove.

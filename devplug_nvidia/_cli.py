@@ -13,6 +13,8 @@ import anyio
 import structlog
 
 import devplug
+from devplug._core.signals import install as install_signals
+from devplug._core.signals import run_async
 from devplug._version import version
 from devplug.errors import ConfigError, DevplugError
 from devplug.logging import configure as configure_logging
@@ -45,6 +47,7 @@ STATUS = InitStatus()
 def main(argv: list[str] | None = None) -> int:
     """Run the plugin (or ``labels``, or ``fake-root``); returns the exit status (2: bad
     configuration, 1: init failure)."""
+    install_signals(PROG)  # first: a SIGTERM / Ctrl-C from here on never ends in a traceback
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] in (["labels"], ["fake-root"]) and wants_version(args[1:]) and not wants_help(args[1:]):
         print(f"{PROG} {args[0]} {version()}")
@@ -69,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _load(args: list[str], roots: FakeRoots) -> NvidiaSettings:
-    return with_fake_root(load_nvidia_settings(args, prog=PROG), roots)
+    settings = with_fake_root(load_nvidia_settings(args, prog=PROG), roots)
+    # The fake tree's own SIGTERM handler gives way to the process's, which unwinds the same
+    # way (so the tree goes) with the status of an interrupted start.
+    install_signals(PROG)
+    return settings
 
 
 def _run(args: list[str], roots: FakeRoots) -> int:
@@ -101,7 +108,7 @@ def _run(args: list[str], roots: FakeRoots) -> int:
         return new_settings, prepare(new_settings, monitor=monitor)[0]
 
     try:
-        anyio.run(partial(serve, plugins, settings, monitor, reload=reload), backend="asyncio")
+        run_async(partial(serve, plugins, settings, monitor, reload=reload))
     except Exception as exc:
         # The runner refuses to start (an insecure directory, a metrics port in use) with a
         # ConfigError, which the health monitor's task group wraps in an exception group.

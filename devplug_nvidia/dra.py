@@ -282,7 +282,9 @@ def run_dra(settings: NvidiaSettings, prog: str, *, started: Callable[[], object
     if started is not None:
         started()
     try:
-        anyio.run(_serve_with_health, plugin, settings, backend="asyncio")
+        from devplug._core.signals import run_async
+
+        run_async(functools.partial(_serve_with_health, plugin, settings))
     except Exception as exc:
         refusal = _config_error(exc)
         if refusal is None:
