@@ -19,23 +19,21 @@ depends on the moment:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-import anyio
-import structlog
-
 if TYPE_CHECKING:
+    import asyncio
+    import socket
     from collections.abc import Awaitable, Callable, Coroutine, Iterator
     from types import FrameType
 
-log = structlog.get_logger("devplug.runner")
+# Nothing heavier than the standard library's signal support at import: install() is the first
+# line of every command's main, and a signal before it ends the process the default way.
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 INTERRUPTED = 130
@@ -97,6 +95,9 @@ def _handler(signum: int, frame: FrameType | None) -> None:
 @contextlib.contextmanager
 def _routed(callback: Callable[[int], None], signums: tuple[int, ...]) -> Iterator[None]:
     """Hand ``signums`` to ``callback`` in the running event loop for the block's duration."""
+    import asyncio
+    import socket
+
     loop = asyncio.get_running_loop()
     previous = {s: signal.getsignal(s) for s in signums}
     wake = None
@@ -139,6 +140,8 @@ def run_async(main: Callable[[], Awaitable[None]]) -> None:
         Interrupted: a stop signal came before serving started; ``main`` was cancelled and its
             clean-up has run. The one line saying so is printed here.
     """
+    import anyio
+
     stopped = False
 
     async def guarded() -> None:
@@ -174,6 +177,10 @@ async def until_signalled(
     (without one it is logged and ignored), SIGUSR1 logs ``dump()``. An exception of ``main``
     is raised as it is, not in an exception group.
     """
+    import anyio
+    import structlog
+
+    log = structlog.get_logger("devplug.runner")
     failure: Exception | None = None
     _state.served = True
     async with anyio.create_task_group() as tg:

@@ -145,6 +145,10 @@ def _check_class(cls: type[DevicePlugin], target: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``devplug`` console script."""
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["run"]:
+        from devplug._core.signals import install
+
+        install("devplug run")  # first: a Ctrl-C from here on is one line and status 130
     # Imported here, not at the top: the console script's import stays small (the library,
     # pydantic and grpc load once a command runs).
     from devplug._version import version
@@ -152,10 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     from devplug.settings import _OneLineParser
 
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["run"]:
-        from devplug._core.signals import install
-
-        install("devplug run")  # a Ctrl-C while the target is imported: one line, status 130
     # One line and status 2 for a bad argument, in every sub-command (sub-parsers share the class).
     parser = _OneLineParser(prog="devplug", description="Kubernetes device plugins in async Python.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
