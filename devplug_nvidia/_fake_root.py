@@ -139,7 +139,9 @@ class FakeRoots:
             if self._base is None:
                 with _signals_held():
                     self._base = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
-                    if threading.current_thread() is threading.main_thread():
+                    # Not when the process's own handler is in place: it unwinds the same way.
+                    main = threading.current_thread() is threading.main_thread()
+                    if main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
                         self._previous = (signal.signal(signal.SIGTERM, _terminate),)
             self._roots[model] = write_tree(MODELS[model], self._base / model)
         return self._roots[model]

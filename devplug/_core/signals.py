@@ -19,6 +19,7 @@ depends on the moment:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -56,6 +57,8 @@ class _State:
     """Serving has started: from then on a stop signal never raises."""
     interrupted = False
     """The first stop signal before serving has been acted on: later ones are ignored."""
+    stop_requested = False
+    """A stop signal came inside :func:`run_async` before serving started."""
     targets: list[tuple[asyncio.AbstractEventLoop, Callable[[int], None]]] = []  # noqa: RUF012
 
 
@@ -72,13 +75,26 @@ def install(prog: str) -> None:
         return
     for signum in STOP_SIGNALS:
         signal.signal(signum, _handler)
+    if not _state.installed:
+        # The interpreter's finalization puts the default action back for every Python
+        # handler (not for an ignored signal): a signal in the last milliseconds would kill
+        # the process after its clean-up, with 128 + the signal instead of its status.
+        atexit.register(_ignore_stop_signals)
     _state.installed = True
+
+
+def _ignore_stop_signals() -> None:
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
     # Runs in the main thread between two bytecodes of whatever it was doing: only hand the
     # signal on (to the event loop), or raise once.
     if _state.targets:
+        if signum in STOP_SIGNALS and not _state.served:
+            # Decided now: the loop may run the callback only after serving has started.
+            _state.stop_requested = True
         loop, callback = _state.targets[-1]
         if not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # closed meanwhile
@@ -149,8 +165,8 @@ def run_async(main: Callable[[], Awaitable[None]]) -> None:
 
         def on_signal(signum: int) -> None:
             nonlocal stopped
-            if _state.served or stopped:
-                return  # serving ended; its clean-up is done or under way
+            if stopped or not _state.stop_requested:
+                return  # after serving started: until_signalled's, or the clean-up is done
             stopped = True
             scope.cancel()
 
