@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import os
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import anyio
@@ -13,9 +15,10 @@ import structlog
 
 from devplug._core.backoff import Backoff
 from devplug._core.introspect import not_ready_reason, resource_state
+from devplug._core.names import resource_name_problem
 from devplug._core.resource import ResourceRunner, ResourceStatus, RestartReason
 from devplug._core.signals import until_signalled
-from devplug._core.sockets import directory_exposure, make_directories
+from devplug._core.sockets import MAX_SOCKET_PATH, directory_exposure, make_directories, unique_socket_name
 from devplug._core.telemetry import ResourceCounters
 from devplug._core.watch import DirWatcher
 from devplug._version import version
@@ -195,6 +198,8 @@ class Runner:
 
     async def _serve(self) -> None:
         settings = self.settings
+        if not isinstance(self.plugins, PluginSource):
+            check_plugins(_as_list(self.plugins), settings)
         _check_directories(settings)
         if settings.metrics_address:
             require_prometheus()
@@ -285,6 +290,10 @@ class Runner:
             if not isinstance(name, str) or not name:
                 log.error("plugin_without_resource_name", plugin=type(plugin).__name__)
                 continue
+            problem = resource_name_problem(name)
+            if problem is not None:  # a plugin source's: the others keep serving
+                log.error("invalid_resource_name", plugin=type(plugin).__name__, problem=problem)
+                continue
             if name in wanted:
                 log.error("duplicate_resource", resource=name)
                 continue
@@ -367,6 +376,34 @@ def _check_directories(settings: Settings) -> None:
                 "socket; remove that write permission (chmod o-w) or pass --insecure-dir=warn"
             )
         log.warning("insecure_directory", problem=problem, note="anyone could replace the sockets in it")
+
+
+def check_plugins(plugins: Sequence[DevicePlugin], settings: Settings) -> None:
+    """Refuse, before anything is served, what the kubelet would refuse for ever.
+
+    A resource name that is not an extended resource name (the kubelet answers every Register
+    with an error, and the plugin would retry for ever), or a socket path longer than a unix
+    socket's 107 bytes.
+
+    Raises:
+        ConfigError: naming the plugin class and the problem.
+    """
+    if settings.registration == "watcher":
+        directory = settings.plugins_registry_dir
+    else:
+        directory = settings.device_plugin_dir
+    for plugin in plugins:
+        name = getattr(plugin, "resource_name", None)
+        problem = resource_name_problem(name)
+        if problem is not None:
+            raise ConfigError(f"plugin {type(plugin).__name__}: {problem}")
+        assert isinstance(name, str)
+        longest = Path(os.path.abspath(directory)) / unique_socket_name(name)
+        if len(os.fsencode(longest)) > MAX_SOCKET_PATH:
+            raise ConfigError(
+                f"the socket path {longest} is {len(os.fsencode(longest))} bytes, over the "
+                f"{MAX_SOCKET_PATH}-byte limit of a unix socket: use a shorter directory or resource name"
+            )
 
 
 def _change_of(running: DevicePlugin, wanted: DevicePlugin | None, *, restart_all: bool) -> str:

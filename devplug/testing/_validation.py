@@ -7,8 +7,9 @@ the kubelet words them, so plugins (and their tests) can match on them.
 from __future__ import annotations
 
 import posixpath
-import re
 from typing import TYPE_CHECKING
+
+from devplug._core.names import is_extended_resource_name
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -19,13 +20,6 @@ CHECKPOINT = "kubelet_internal_checkpoint"
 DEVICE_PLUGIN_TYPE = "DevicePlugin"
 # sun_path is 108 bytes on Linux, one of which is the terminating NUL.
 MAX_UNIX_PATH = 107
-
-_REQUESTS_PREFIX = "requests."
-_NATIVE_NAMESPACE = "kubernetes.io/"
-_QUALIFIED_NAME_MAX = 63
-_QUALIFIED_NAME = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-_DNS1123_SUBDOMAIN_MAX = 253
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*")
 
 # Go's %q escapes these; everything else printable is written as is.
 _GO_ESCAPES = {'"': '\\"', "\\": "\\\\", "\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
@@ -47,31 +41,6 @@ def go_quote(text: str) -> str:
         else:
             out.append(f"\\U{ord(char):08x}")
     return '"' + "".join(out) + '"'
-
-
-def _is_qualified_name(value: str) -> bool:
-    # The apimachinery rule: an optional DNS-1123 subdomain prefix and "/", then a name.
-    parts = value.split("/")
-    if len(parts) > 2:
-        return False
-    if len(parts) == 2:
-        prefix = parts[0]
-        if not prefix or len(prefix) > _DNS1123_SUBDOMAIN_MAX or not _DNS1123_SUBDOMAIN.fullmatch(prefix):
-            return False
-    name = parts[-1]
-    return 0 < len(name) <= _QUALIFIED_NAME_MAX and _QUALIFIED_NAME.fullmatch(name) is not None
-
-
-def is_extended_resource_name(name: str) -> bool:
-    """Whether ``name`` is an extended resource name, by the kubelet's own test.
-
-    It must not be a native resource (it contains ``/`` and not ``kubernetes.io/``), must not
-    start with ``requests.``, and ``requests.`` + name must be a qualified name: the kubelet
-    checks the name a resource quota would use for it.
-    """
-    if "/" not in name or _NATIVE_NAMESPACE in name or name.startswith(_REQUESTS_PREFIX):
-        return False
-    return _is_qualified_name(_REQUESTS_PREFIX + name)
 
 
 def unsupported_version_error(version: str) -> str:
