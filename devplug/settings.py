@@ -7,13 +7,15 @@ subclass the same way. Every field's docstring is its ``--help`` text.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import sys
+import typing
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
 from devplug._version import version
@@ -194,7 +196,7 @@ def load_settings(cls: type[S], argv: list[str] | None = None, *, prog: str | No
     try:
         return cls(**merged)
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc)) from None
+        raise ConfigError(describe_validation_error(exc, model=cls)) from None
 
 
 # Placeholders in --help: words, as NVIDIA's and kubectl's flags show them, rather than the
@@ -230,6 +232,28 @@ def word_metavars(parser: argparse.ArgumentParser) -> None:
             action.metavar = "JSON"
 
 
+def _fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The field names of the model found at ``loc`` inside ``model`` (list items skipped)."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if current is None or part not in current.model_fields:
+            return []
+        current = _model_in(current.model_fields[part].annotation)
+    return list(current.model_fields) if current is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
 def read_yaml(path: Path) -> Any:
     """The parsed content of a YAML (or JSON) config file.
 
@@ -258,14 +282,22 @@ def _read_config(path: Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """One line naming the first invalid field and why (the rest are counted)."""
+def describe_validation_error(exc: ValidationError, *, model: type[BaseModel] | None = None) -> str:
+    """One line naming the first invalid field and why (the rest are counted).
+
+    With ``model``, an unknown setting names the closest known one (a typo in a config file).
+    """
     errors = exc.errors()
     first = errors[0]
     field = ".".join(str(part) for part in first["loc"]) or "settings"
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "unknown setting"
+        if model is not None and first["loc"]:
+            known = _fields_at(model, first["loc"][:-1])
+            close = difflib.get_close_matches(str(first["loc"][-1]), known, n=1)
+            if close:
+                message += f' (did you mean "{close[0]}"?)'
     text = f"invalid setting {field}: {message}"
     if first["type"] != "extra_forbidden" and "input" in first:
         text += f" (got {first['input']!r})"

@@ -10,6 +10,9 @@ import pytest
 
 from devplug import ConfigError, Runner, Settings
 from devplug._core.names import is_extended_resource_name, resource_name_problem
+from devplug.settings import load_settings
+from devplug_fake import FakeSettings
+from devplug_nvidia._config_file import read_config_file
 from tests.support import ROOT, Widgets
 
 pytestmark = pytest.mark.anyio
@@ -67,3 +70,44 @@ def test_devplug_run_bad_name_is_one_line_and_status_2(short_dir: Path) -> None:
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("devplug run badname:Gpu: plugin Gpu: 'gpu' is not an extended resource name")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "devcie_plugin_dir: /x\n",
+            'invalid setting devcie_plugin_dir: unknown setting (did you mean "device_plugin_dir"?)',
+        ),
+        ("retry-maxx: 1\n", 'invalid setting retry_maxx: unknown setting (did you mean "retry_max"?)'),
+        ("zzz: 1\n", "invalid setting zzz: unknown setting"),
+        (
+            "health:\n  unhealthy_afer: 2\n",
+            'invalid setting health.unhealthy_afer: unknown setting (did you mean "unhealthy_after"?)',
+        ),
+    ],
+)
+def test_a_settings_typo_names_the_closest_key(short_dir: Path, text: str, message: str) -> None:
+    config = short_dir / "c.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(Settings, ["--config", str(config)])
+    assert str(info.value) == message
+
+
+def test_a_fake_scenario_typo_names_the_closest_key(short_dir: Path) -> None:
+    config = short_dir / "c.yaml"
+    config.write_text("resources:\n- name: example.com/a\n  faults:\n    allocate_error_evry: 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(FakeSettings, ["--config", str(config)])
+    assert str(info.value).endswith('unknown setting (did you mean "allocate_error_every"?)')
+
+
+def test_an_nvidia_config_typo_names_the_closest_key(short_dir: Path) -> None:
+    config = short_dir / "n.yaml"
+    config.write_text("version: v1\nflags:\n  migStrategi: single\n")
+    with pytest.raises(ConfigError) as info:
+        read_config_file(config)
+    assert str(info.value) == (
+        f"config file {config}: unknown key 'migStrategi' under flags (did you mean \"migStrategy\"?)"
+    )
