@@ -164,9 +164,12 @@ class SocketServer:
             raise SocketUnavailableError(
                 f"{self.path} is not the private socket just bound (mode {stat.S_IMODE(st.st_mode):04o})"
             )
-        await server.start()
         self._server = server
         self._identity = file_identity(self.path)
+        # Shielded: a cancellation while grpc's server loop is starting leaves that loop's task
+        # to fail later with InvalidStateError ("Task exception was never retrieved").
+        with anyio.CancelScope(shield=True):
+            await server.start()
         try:
             # Shielded (each check has its own 2 s deadline): a grpc.aio call cancelled from
             # outside can raise a CancelledError of its own that escapes the cancel scope which
