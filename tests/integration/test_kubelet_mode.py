@@ -10,6 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from devplug import (
+    ConfigError,
     ContainerAllocation,
     Device,
     DeviceSpec,
@@ -17,6 +18,7 @@ from devplug import (
     KubeletError,
     PluginOptions,
     RegistrationError,
+    Runner,
 )
 from devplug._core.registration import register
 from devplug.testing import FakeKubelet
@@ -165,18 +167,18 @@ async def test_pre_start(short_dir: Path) -> None:
             await kubelet.pre_start(RESOURCE, ["x"])
 
 
-async def test_bad_resource_name_is_rejected_with_kubelet_text_and_retried(short_dir: Path) -> None:
+async def test_bad_resource_name_is_refused_before_register(short_dir: Path) -> None:
+    """The kubelet would refuse every Register: the runner refuses at start instead of retrying."""
     settings = settings_for(short_dir)
     async with FakeKubelet(settings.device_plugin_dir) as kubelet:
-        with capture_logs() as logs:
-            async with serving(Widgets(resource="widget"), settings):
-                await wait_until(lambda: sum(r.resource == "widget" for r in kubelet.registrations) >= 3)
-        rejected = [r for r in kubelet.registrations if r.resource == "widget"]
-        assert all(not r.accepted for r in rejected)
-        assert rejected[0].error == 'the ResourceName "widget" is invalid'
-        failures = [e for e in logs if e["event"] == "register_failed"]
-        assert failures[0]["error"] == 'the ResourceName "widget" is invalid'
-        assert failures[0]["code"] == "UNKNOWN"
+        with pytest.raises(ConfigError, match="plugin Widgets: 'widget' is not an extended resource name"):
+            await Runner(Widgets(resource="widget"), settings).run(handle_signals=False)
+        assert kubelet.registrations == []
+        # What the kubelet answers such a Register, had it been sent.
+        with pytest.raises(RegistrationError) as info:
+            await register(kubelet.socket_path, "widget", "x.sock", PluginOptions(), 5.0)
+    assert str(info.value) == 'the ResourceName "widget" is invalid'
+    assert info.value.code == "UNKNOWN"
 
 
 async def test_bad_version_is_rejected_with_kubelet_text(short_dir: Path) -> None:
