@@ -11,7 +11,9 @@ kubelet answers no question about who registered a resource.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from typing import TYPE_CHECKING, Any
 
 from devplug._core.sockets import is_live_socket, unique_socket_name
@@ -20,6 +22,14 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from devplug._core.watch import DirWatcher
+
+
+def _is_socket_itself(path: Path) -> bool:
+    """A socket, not a link to one: a link is never followed (or connected to)."""
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 class RivalWatch:
@@ -39,7 +49,7 @@ class RivalWatch:
             names = {p.name for p in self._directory.iterdir() if self._pattern.fullmatch(p.name)}
         except OSError:  # the directory is being re-created: the next change looks again
             return set()
-        return names - self.own
+        return {n for n in names - self.own if _is_socket_itself(self._directory / n)}
 
     def new(self) -> list[str] | None:
         """Sockets of another server that appeared since the last look (None when there are none)."""
