@@ -198,5 +198,9 @@ def _ordered(value: dict[str, Any], kind: str) -> dict[str, Any]:
 
 def spec_yaml(spec: CdiSpec) -> str:
     """The spec file's text as NVIDIA writes it: a YAML document, keys in CDI's field order."""
-    body = yaml.safe_dump(_ordered(spec.to_dict(), "spec"), sort_keys=False, default_flow_style=False)
+    # libyaml's emitter where PyYAML has it (the same text, some five times faster).
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    body = yaml.dump(
+        _ordered(spec.to_dict(), "spec"), Dumper=dumper, sort_keys=False, default_flow_style=False
+    )
     return "---\n" + body
