@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from devplug.testing._kubeapi_meta import immutable, validate_object_meta
 from devplug.testing._kubeapi_names import (
-    c_identifier,
     dns_label,
     dns_subdomain,
     driver_name,
@@ -261,7 +260,7 @@ def _counters(counters: dict[str, Any], path: str) -> list[FieldError]:
     if len(counters) > MAX_COUNTERS:
         errors.append(too_many(path, len(counters), MAX_COUNTERS))
     for name in sorted(counters):
-        errors += c_identifier(name, _key_path(path, name))
+        errors += dns_label(name, _key_path(path, name))
     return errors
 
 

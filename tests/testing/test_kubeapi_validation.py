@@ -82,6 +82,13 @@ VALID: list[tuple[str, Callable[[Body], None]]] = [
         "shared counters only",
         spec(devices=[], sharedCounters=[{"name": "gpu-0", "counters": {"memory": {"value": "1Gi"}}}]),
     ),
+    (
+        "counter names are DNS labels",
+        spec(
+            devices=[],
+            sharedCounters=[{"name": "gpu-0-counter-set", "counters": {"memory-slice-0": {"value": "1"}}}],
+        ),
+    ),
     ("generation zero, many slices", pool(generation=0, resourceSliceCount=3)),
 ]
 
@@ -270,6 +277,12 @@ INVALID: list[tuple[str, Callable[[Body], None], str, str]] = [
         spec(devices=[], sharedCounters=[{"name": f"s{i}", "counters": {}} for i in range(9)]),
         "spec.sharedCounters",
         "Too many: 9: must have at most 8 items",
+    ),
+    (
+        "counter name not a DNS label",
+        spec(devices=[], sharedCounters=[{"name": "s", "counters": {"Memory_Slice": {"value": "1"}}}]),
+        "spec.sharedCounters[0].counters[Memory_Slice]",
+        "a lowercase RFC 1123 label must consist of",
     ),
 ]
 
