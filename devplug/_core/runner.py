@@ -15,12 +15,12 @@ import structlog
 
 from devplug._core.backoff import Backoff
 from devplug._core.introspect import not_ready_reason, resource_state
-from devplug._core.names import resource_name_problem
 from devplug._core.resource import ResourceRunner, ResourceStatus, RestartReason
 from devplug._core.signals import until_signalled
 from devplug._core.sockets import MAX_SOCKET_PATH, directory_exposure, make_directories, unique_socket_name
 from devplug._core.telemetry import ResourceCounters
 from devplug._core.watch import DirWatcher
+from devplug._resource_names import resource_name_problem
 from devplug._version import version
 from devplug.errors import ConfigError
 from devplug.logging import configure as configure_logging
