@@ -43,7 +43,7 @@ __all__ = ["HealthPolicy", "HealthSettings", "Signal", "Transition", "poll"]
 class HealthSettings(BaseModel):
     """The knobs of :class:`HealthPolicy` (``health:`` in a config file, ``--health.*`` flags)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     unhealthy_after: int = Field(default=3, ge=1)
     """Consecutive failed checks before a Healthy device is reported Unhealthy."""

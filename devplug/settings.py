@@ -1,13 +1,16 @@
 """Runner settings: command line > environment (``DEVPLUG_*``) > config file > defaults.
 
 Backends subclass :class:`Settings` to add their own options; :func:`load_settings` parses any
-subclass the same way. Every field's docstring is its ``--help`` text.
+subclass the same way. Every field's docstring is its ``--help`` text, read from the source only
+when help is printed (:func:`describe_fields`).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
+import inspect
 import os
 import re
 import sys
@@ -22,7 +25,7 @@ from devplug._version import version
 from devplug.errors import ConfigError
 from devplug.health import HealthSettings
 
-__all__ = ["Settings", "load_settings"]
+__all__ = ["Settings", "describe_fields", "load_settings"]
 
 S = TypeVar("S", bound="Settings")
 
@@ -34,7 +37,6 @@ class Settings(BaseSettings):
         env_prefix="DEVPLUG_",
         extra="forbid",
         frozen=True,
-        use_attribute_docstrings=True,
         cli_kebab_case=True,
         cli_implicit_flags=True,
         cli_hide_none_type=True,  # "--node-name str", not "{str,null}"
@@ -182,11 +184,14 @@ def load_settings(cls: type[S], argv: list[str] | None = None, *, prog: str | No
     flag exits 2 with one line. Raises ConfigError (one line naming the field) for invalid values
     or an unreadable config file.
     """
+    args = sys.argv[1:] if argv is None else argv
+    if wants_help(args):
+        describe_fields(cls)
     parser = _OneLineParser(prog=prog, description=(cls.__doc__ or "").strip())
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     cli: CliSettingsSource[Any] = CliSettingsSource(cls, root_parser=parser, cli_prog_name=prog)
     word_metavars(parser)  # before parsing: --help prints them
-    cli_values: dict[str, Any] = cli(args=sys.argv[1:] if argv is None else argv)()
+    cli_values: dict[str, Any] = cli(args=args)()
     config = cli_values.get("config") or os.environ.get("DEVPLUG_CONFIG")
     file_values = _read_config(Path(config)) if config else {}
     # Keyword arguments beat the environment inside BaseSettings, so a file value is passed
@@ -197,6 +202,74 @@ def load_settings(cls: type[S], argv: list[str] | None = None, *, prog: str | No
         return cls(**merged)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, model=cls)) from None
+
+
+def wants_help(args: list[str]) -> bool:
+    """``-h`` / ``--help`` among the arguments."""
+    return any(arg in ("-h", "--help") for arg in args)
+
+
+def describe_fields(model: type[BaseModel]) -> None:
+    """Give each field of ``model`` (and of the models nested in it) the docstring under it as its
+    description, the ``--help`` text; fields that have a description keep it.
+
+    Read from the source when help is wanted, not when the class is made: pydantic's
+    ``use_attribute_docstrings`` finds each class's source at class creation, which on Python
+    < 3.13 walks the stack and resolves the path of every loaded module, tens of milliseconds of
+    every start for text only ``--help`` prints.
+    """
+    seen: set[type[BaseModel]] = set()
+
+    def visit(current: type[BaseModel]) -> None:
+        if current in seen:
+            return
+        seen.add(current)
+        docs: dict[str, str] = {}
+        for klass in reversed(current.__mro__):
+            # A subclass's docstring wins; pydantic's own classes (BaseModel, BaseSettings) have none.
+            if issubclass(klass, BaseModel) and not klass.__module__.startswith("pydantic"):
+                docs.update(_attribute_docstrings(klass))
+        for name, field in current.model_fields.items():
+            if field.description is None and name in docs:
+                field.description = docs[name]
+            nested = _model_in(field.annotation)
+            if nested is not None:
+                visit(nested)
+
+    visit(model)
+
+
+def _attribute_docstrings(klass: type) -> dict[str, str]:
+    """The string statements right after annotated assignments in ``klass``'s own body."""
+    try:
+        source = inspect.getsource(klass)
+    except (OSError, TypeError):  # no source (an interactive session, a frozen module)
+        return {}
+    lines = source.splitlines()
+    indent = len(lines[0]) - len(lines[0].lstrip())
+    # A docstring may be less indented than the class (a nested class): parse inside a block.
+    body = (" " + (line[indent:] if line[:indent].isspace() else line) for line in lines)
+    wrapped = "if True:\n" + "\n".join(body)
+    try:
+        tree = ast.parse(wrapped)
+    except SyntaxError:
+        return {}
+    block = tree.body[0]
+    assert isinstance(block, ast.If)
+    node = block.body[0]
+    if not isinstance(node, ast.ClassDef):
+        return {}
+    docs: dict[str, str] = {}
+    for statement, following in zip(node.body, node.body[1:], strict=False):
+        if (
+            isinstance(statement, ast.AnnAssign)
+            and isinstance(statement.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            docs[statement.target.id] = inspect.cleandoc(following.value.value)
+    return docs
 
 
 # Placeholders in --help: words, as NVIDIA's and kubectl's flags show them, rather than the

@@ -16,7 +16,7 @@ Policy = Literal["first", "packed", "spread", "numa"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class HealthFlap(_Strict):

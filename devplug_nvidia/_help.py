@@ -17,7 +17,7 @@ from typing import Any
 from pydantic_settings import CliSettingsSource
 
 from devplug._version import version
-from devplug.settings import Settings, word_metavars
+from devplug.settings import Settings, describe_fields, wants_help, word_metavars
 from devplug_nvidia._fake_root import model_names, models_help
 from devplug_nvidia.config import NvidiaSettings
 
@@ -59,11 +59,6 @@ fake NVML machine models (--fake-nvml MODEL, fake-root MODEL DIR):
 """
 
 
-def wants_help(args: list[str]) -> bool:
-    """``-h`` / ``--help`` among the arguments."""
-    return any(arg in ("-h", "--help") for arg in args)
-
-
 def wants_version(args: list[str]) -> bool:
     """``--version`` among the arguments."""
     return "--version" in args
@@ -96,6 +91,7 @@ def _own_help(name: str) -> str:
 
 def help_text(prog: str) -> str:
     """The whole ``--help`` text of ``prog`` (devplug-nvidia)."""
+    describe_fields(NvidiaSettings)
     parser = argparse.ArgumentParser(
         prog=prog,
         usage=_USAGE,

@@ -4,8 +4,10 @@ import re
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel, Field
 
 from devplug import ConfigError, Settings, load_settings
+from devplug.settings import describe_fields
 
 
 @pytest.fixture(autouse=True)
@@ -90,3 +92,50 @@ def test_subclass_adds_options() -> None:
 
     s = load_settings(Backend, ["--count", "7", "--device-plugin-dir", "/x"])
     assert (s.count, s.device_plugin_dir) == (7, Path("/x"))
+
+
+class _Inner(BaseModel):
+    depth: int = 1
+    """How deep the
+    inner part goes."""
+
+
+def _nested_settings_class() -> type[Settings]:
+    class Nested(Settings):
+        """A settings class made inside a function (its source is indented)."""
+
+        colour: str = "blue"
+        """The colour, in words."""
+        inner: _Inner = _Inner()
+        """The inner group."""
+        undocumented: int = 0
+
+    return Nested
+
+
+def test_help_text_is_each_fields_docstring(capsys: pytest.CaptureFixture[str]) -> None:
+    cls = _nested_settings_class()
+    # Nothing is read from the source until help is asked for (that costs every start time).
+    assert cls.model_fields["colour"].description is None
+    load_settings(cls, ["--colour", "red"])
+    assert cls.model_fields["colour"].description is None
+    with pytest.raises(SystemExit) as exit_:
+        load_settings(cls, ["--help"], prog="nested")
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--colour VALUE The colour, in words. (default: blue)" in text
+    assert "How deep the inner part goes." in text  # a nested model's field, docstring cleaned
+    assert "The inner group." in text
+    # Inherited fields keep the base class's docstrings.
+    assert "Seconds in-flight RPCs get to finish on shutdown or restart." in text
+    assert cls.model_fields["undocumented"].description is None
+
+
+def test_describe_fields_keeps_explicit_descriptions() -> None:
+    class Described(Settings):
+        name: str = Field(default="x", description="given explicitly")
+        """A docstring that loses to the explicit description."""
+
+    describe_fields(Described)
+    assert Described.model_fields["name"].description == "given explicitly"
+    assert Described.model_fields["log_level"].description == "Lowest level logged."
