@@ -203,6 +203,8 @@ class ResourceRunner:
             if file_identity(kubelet) is None:
                 self._log.info("waiting_for_kubelet", kubelet_socket=str(kubelet))
                 await self.watcher.wait_for(lambda: file_identity(kubelet))
+            # The kubelet creates the sockets' directory (the watcher says when it is missing).
+            await self.watcher.wait_present(self.watcher.path)
             try:
                 async with self._serving(plugin_watcher=False) as server:
                     reason = await self._register_and_watch(server, reason)
@@ -214,6 +216,7 @@ class ResourceRunner:
 
     async def _run_watcher_mode(self) -> None:
         while True:
+            await self.watcher.wait_present(self.watcher.path)
             try:
                 async with self._serving(plugin_watcher=True) as server:
                     # The kubelet finds the socket again after its own restarts: only a deleted

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -17,9 +19,9 @@ from devplug._core.backoff import Backoff
 from devplug._core.introspect import not_ready_reason, resource_state
 from devplug._core.resource import ResourceRunner, ResourceStatus, RestartReason
 from devplug._core.signals import until_signalled
-from devplug._core.sockets import MAX_SOCKET_PATH, directory_exposure, make_directories, unique_socket_name
+from devplug._core.sockets import MAX_SOCKET_PATH, directory_exposure, unique_socket_name
 from devplug._core.telemetry import ResourceCounters
-from devplug._core.watch import DirWatcher
+from devplug._core.watch import DirWatcher, config_error_in
 from devplug._resource_names import resource_name_problem
 from devplug._version import version
 from devplug.errors import ConfigError
@@ -27,6 +29,9 @@ from devplug.logging import configure as configure_logging
 from devplug.metrics import require_prometheus
 from devplug.plugin import DevicePlugin
 from devplug.settings import Settings
+
+if sys.version_info < (3, 11):  # anyio depends on the backport there
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup, TaskStatus
@@ -208,13 +213,11 @@ class Runner:
             self.probes = ProbeServer(self, settings.metrics_address)
             await self.probes.bind()
         # One inotify watch set for the process: the sockets' directory, and in kubelet mode
-        # the kubelet socket's own directory when it is configured elsewhere.
-        if settings.registration == "watcher":
-            directory = settings.plugins_registry_dir
-            watcher = DirWatcher(directory)
-        else:
-            directory = settings.device_plugin_dir
-            watcher = DirWatcher(directory, settings.kubelet_socket_path.parent)
+        # the kubelet socket's own directory when it is configured elsewhere. A directory that
+        # is missing is the kubelet's to create: it is judged when it appears.
+        directories = _kubelet_directories(settings)
+        directory = directories[0]
+        watcher = DirWatcher(*directories, on_found=partial(_judge_directory, settings))
         try:
             async with anyio.create_task_group() as tg:
                 self._tg, self._watcher = tg, watcher
@@ -236,6 +239,11 @@ class Runner:
                     await anyio.sleep_forever()
                 finally:
                     log.info("stopping", resources=sorted(self._running))
+        except BaseExceptionGroup as group:
+            error = config_error_in(group)
+            if error is None:
+                raise
+            raise error from None
         finally:
             if self.probes is not None:
                 with anyio.CancelScope(shield=True):
@@ -349,33 +357,39 @@ class Runner:
             done.set()
 
 
-def _check_directories(settings: Settings) -> None:
-    """Create the kubelet directories this process watches, then judge who may write to them.
-
-    Anyone who can write to the device-plugin directory can put their own ``kubelet.sock``
-    there, or replace this plugin's socket and be dialled by the kubelet in its place (and then
-    answer Allocate with any mount or device node).
-    """
+def _kubelet_directories(settings: Settings) -> list[Path]:
+    """The kubelet's directories this process watches; the first one holds its sockets."""
     if settings.registration == "watcher":
-        directories = [settings.plugins_registry_dir]
-    else:
-        directories = [settings.device_plugin_dir, settings.kubelet_socket_path.parent]
-    for directory in dict.fromkeys(directories):
-        try:
-            make_directories(directory)
-        except OSError as exc:
-            raise ConfigError(f"cannot create the directory {directory}: {exc.strerror}") from None
-        if not directory.is_dir():
+        return [settings.plugins_registry_dir]
+    return list(dict.fromkeys([settings.device_plugin_dir, settings.kubelet_socket_path.parent]))
+
+
+def _check_directories(settings: Settings) -> None:
+    """Judge the kubelet directories this process watches; none is created (the kubelet does).
+
+    A path that is there must be a directory. Anyone who can write to the device-plugin
+    directory can put their own ``kubelet.sock`` there, or replace this plugin's socket and be
+    dialled by the kubelet in its place (and then answer Allocate with any mount or device
+    node): the directories above a missing one are judged now, the directory itself when it
+    appears.
+    """
+    for directory in _kubelet_directories(settings):
+        if directory.exists() and not directory.is_dir():
             raise ConfigError(f"{directory} exists and is not a directory")
-        problem = directory_exposure(directory)
-        if problem is None:
-            continue
-        if settings.insecure_dir == "refuse":
-            raise ConfigError(
-                f"refusing to start: {problem}; anyone could replace the kubelet's or this plugin's "
-                "socket; remove that write permission (chmod o-w) or pass --insecure-dir=warn"
-            )
-        log.warning("insecure_directory", problem=problem, note="anyone could replace the sockets in it")
+        _judge_directory(settings, directory)
+
+
+def _judge_directory(settings: Settings, directory: Path) -> None:
+    """Refuse (ConfigError) or warn about a kubelet directory that every user may write to."""
+    problem = directory_exposure(directory)
+    if problem is None:
+        return
+    if settings.insecure_dir == "refuse":
+        raise ConfigError(
+            f"refusing to start: {problem}; anyone could replace the kubelet's or this plugin's "
+            "socket; remove that write permission (chmod o-w) or pass --insecure-dir=warn"
+        )
+    log.warning("insecure_directory", problem=problem, note="anyone could replace the sockets in it")
 
 
 def check_plugins(plugins: Sequence[DevicePlugin], settings: Settings) -> None:

@@ -121,7 +121,7 @@ def file_identity(path: Path) -> tuple[int, int, int] | None:
     """(device, inode, ctime) of ``path`` itself (not a link target), or None if absent."""
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
@@ -156,6 +156,11 @@ class SocketServer:
         umask = os.umask(0o177)
         try:
             server.add_insecure_port(f"unix:{self.path}")
+        except RuntimeError:
+            if self.path.parent.is_dir():
+                raise
+            # Deleted since it was seen (a kubelet being reinstalled): the caller waits for it.
+            raise SocketUnavailableError(f"the directory {self.path.parent} is gone") from None
         finally:
             os.umask(umask)
         st = os.lstat(self.path)  # never chmod a path: it would follow a symlink put there

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import sys
 import time
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,7 @@ import structlog
 
 from devplug._core.feed import feed_devices
 from devplug._core.sockets import MAX_SOCKET_PATH, SocketServer, SocketUnavailableError, make_directories
-from devplug._core.watch import DirWatcher
+from devplug._core.watch import DirWatcher, config_error_in
 from devplug._dra.checkpoint import FILE_NAME, Checkpoint
 from devplug._dra.claims import ClaimError, Preparer
 from devplug._dra.inventory import Inventory
@@ -49,6 +50,9 @@ from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
 from devplug._version import version
 from devplug.errors import ConfigError
 from devplug.metrics import require_prometheus
+
+if sys.version_info < (3, 11):  # anyio depends on the backport there
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -70,7 +74,8 @@ class DraDriver:
 
     Raises:
         ConfigError: (at construction) no node name, no plugins; (in :meth:`run`) no usable
-            kubeconfig, or a directory that cannot be created.
+            kubeconfig, the driver's directory cannot be created, plugins_registry is not a
+            directory.
     """
 
     def __init__(
@@ -186,14 +191,18 @@ class DraDriver:
         """Everything that can fail for a configuration reason, before anything is served.
 
         Raises:
-            ConfigError: a directory that cannot be created, no usable kubeconfig, a metrics
-                address that cannot be bound.
+            ConfigError: the driver's directory cannot be created, plugins_registry is not a
+                directory, no usable kubeconfig, a metrics address that cannot be bound.
         """
-        for directory in (self.state_dir, self.settings.plugins_registry_dir):
-            try:
-                make_directories(directory)
-            except OSError as exc:
-                raise ConfigError(f"cannot create the directory {directory}: {exc.strerror}") from None
+        # The driver's own directory (with its state) is created; plugins_registry is the
+        # kubelet's, created by its plugin watcher at start, and only waited for.
+        try:
+            make_directories(self.state_dir)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the directory {self.state_dir}: {exc.strerror}") from None
+        registry = self.settings.plugins_registry_dir
+        if registry.exists() and not registry.is_dir():
+            raise ConfigError(f"{registry} exists and is not a directory")
         kube = self._kube or load_client(self.settings.kubeconfig)
         self._own_kube = self._kube is None
         self._kube = kube
@@ -242,6 +251,11 @@ class DraDriver:
                 while not self.inventory.current.complete:
                     await self.inventory.newer_than(self.inventory.current.version)
                 await self._serve(tg, watcher, preparer)
+        except BaseExceptionGroup as group:
+            error = config_error_in(group)
+            if error is None:
+                raise
+            raise error from None
         finally:
             with anyio.CancelScope(shield=True):
                 if probes is not None:
@@ -283,6 +297,8 @@ class DraDriver:
 
     async def _serve(self, tg: TaskGroup, watcher: DirWatcher, preparer: Preparer) -> None:
         while True:
+            for directory in watcher.paths:  # the kubelet's plugins_registry may not be there yet
+                await watcher.wait_present(directory)
             try:
                 async with self._sockets(preparer) as (dra, registration):
                     self._started.set()

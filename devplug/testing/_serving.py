@@ -68,10 +68,10 @@ async def serving_dra(
     """Run ``plugins`` as a DRA driver while the block runs; stopped (as on SIGTERM) on exit.
 
     The driver talks to ``kube_api`` (a kubeconfig is written under ``kubelet_root``), serves its
-    sockets under ``kubelet_root`` (``plugins/<driver>/`` and ``plugins_registry/``) and writes
-    CDI specs to ``<kubelet_root>/cdi`` unless ``cdi_dir`` is given. The node is added to
-    ``kube_api`` if missing. ``overrides`` are further :class:`devplug.Settings` fields, e.g.
-    ``driver_name="widget.example.com"``.
+    sockets under ``kubelet_root`` (``plugins/<driver>/`` and ``plugins_registry/``, which is
+    created here as the kubelet would) and writes CDI specs to ``<kubelet_root>/cdi`` unless
+    ``cdi_dir`` is given. The node is added to ``kube_api`` if missing. ``overrides`` are
+    further :class:`devplug.Settings` fields, e.g. ``driver_name="widget.example.com"``.
 
     Yields the :class:`devplug.dra.DraDriver`: its ``dra_socket``, ``registration_socket``,
     ``readiness()`` and ``debug_state()``.
@@ -94,6 +94,8 @@ async def serving_dra(
         "shutdown_grace": 0.2,
     }
     settings = Settings(**(values | overrides))
+    # The kubelet's plugin watcher creates plugins_registry/ at start; the driver waits for it.
+    await anyio.Path(settings.plugins_registry_dir).mkdir(parents=True, exist_ok=True)
     driver = DraDriver(plugins if isinstance(plugins, list) else [plugins], settings)
     async with anyio.create_task_group() as tg:
         tg.start_soon(driver.run)

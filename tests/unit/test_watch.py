@@ -14,25 +14,30 @@ pytestmark = pytest.mark.anyio
 
 async def test_changes_wake_waiters_and_survive_directory_recreation(short_dir: Path) -> None:
     watched = short_dir / "dp"
+    watched.mkdir()  # the kubelet's to make
     watcher = DirWatcher(watched)
     async with anyio.create_task_group() as tg:
         await tg.start(watcher.run)
-        assert watched.is_dir()  # created when missing, as the kubelet would
+        assert watcher.missing == ()
         with anyio.fail_after(2):
             gen = watcher.generation
             (watched / "kubelet.sock").touch()
             await watcher.changed_after(gen)
             found = await watcher.wait_for(lambda: (watched / "kubelet.sock").exists() or None)
             assert found is True
-        # The whole directory removed and made again: watching resumes on the new one.
+        # The whole directory removed: it is waited for, not made again, and watching resumes
+        # on the new one once the kubelet makes it.
         shutil.rmtree(watched)
         with anyio.fail_after(2):
-            while not watched.is_dir():  # noqa: ASYNC110 - the watcher re-creates it
-                await anyio.sleep(0.01)
-            await anyio.sleep(0.05)
+            await watcher.wait_for(lambda: True if watcher.missing == (watched,) else None)
+        assert not watched.exists()
+        watched.mkdir()
+        with anyio.fail_after(2):
+            await watcher.wait_present(watched)
             gen = watcher.generation
             (watched / "again").touch()
             await watcher.changed_after(gen)
+            assert await watcher.wait_for(lambda: watcher.creations(watched / "again") or None) >= 1
         tg.cancel_scope.cancel()
 
 
