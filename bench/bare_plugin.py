@@ -4,11 +4,16 @@ python bench/bare_plugin.py SOCKET [KUBELET_SOCKET RESOURCE]
 
 With KUBELET_SOCKET it also registers RESOURCE there once it serves, as a plugin must (the
 start-up benchmark times process start → Register with it).
+
+With ``BARE_PLUGIN_IMPORTS=mod1,mod2`` it first imports those modules and does nothing with them:
+the start-up benchmark's floor for a plugin built on devplug's libraries (pydantic-settings,
+structlog, anyio, asyncinotify), without any of devplug's own code.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import signal
 import sys
@@ -57,4 +62,6 @@ async def main(path: str, kubelet: str | None = None, resource: str = "") -> Non
 
 
 if __name__ == "__main__":
+    for module in filter(None, os.environ.get("BARE_PLUGIN_IMPORTS", "").split(",")):
+        importlib.import_module(module)
     asyncio.run(main(*sys.argv[1:4]))

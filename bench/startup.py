@@ -9,7 +9,9 @@ imports, settings, serving its socket) and nothing of a kubelet's. Each round st
 subject once, in turn, so a change in the machine's load falls on all of them alike; the
 process is stopped with SIGTERM as soon as it has registered.
 
-Subjects: ``bench/bare_plugin.py`` (a bare grpc.aio plugin that serves, then registers),
+Subjects: ``bench/bare_plugin.py`` (a bare grpc.aio plugin that serves, then registers), the
+same bare plugin importing the libraries devplug needs to start (pydantic-settings, structlog,
+anyio, asyncinotify) and using none of them (the floor for any plugin built on them),
 the ``devplug-fake`` console script, ``devplug run`` with bench/minimal_plugin.py, and
 ``devplug-nvidia --fake-nvml dgx-a100`` (for information: NVML discovery of a model machine).
 
@@ -43,6 +45,11 @@ BIN = Path(sys.executable).parent
 BENCH = core.ROOT / "bench"
 RESOURCE = "example.com/bare"
 BASELINE = "bare_grpc_aio"
+# The bare plugin that first imports the libraries devplug's start needs (settings through
+# pydantic-settings, logs through structlog, anyio, inotify) and uses none of them: what any
+# plugin built on them pays before it can register, devplug's own code aside.
+WITH_LIBRARIES = "bare_with_devplug_libraries"
+LIBRARIES = "pydantic_settings,structlog,anyio,asyncinotify"
 # Another source tree of devplug (``git archive OLD devplug devplug_fake devplug_nvidia``
 # unpacked there) whose devplug-fake also starts each round: before/after figures, one run.
 BEFORE = os.environ.get("DEVPLUG_BENCH_BEFORE", "")
@@ -87,6 +94,16 @@ def subjects(directory: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
                 RESOURCE,
             ],
             {},
+        ),
+        WITH_LIBRARIES: (
+            [
+                sys.executable,
+                str(BENCH / "bare_plugin.py"),
+                str(directory / "bare.sock"),
+                str(directory / "kubelet.sock"),
+                RESOURCE,
+            ],
+            {"BARE_PLUGIN_IMPORTS": LIBRARIES},
         ),
         "devplug_fake": ([*_script("devplug-fake", "devplug_fake"), *common], {}),
         "devplug_run": (
@@ -155,7 +172,19 @@ async def bench_startup(workdir: Path, runs: int) -> dict[str, Any]:
     figures = {name: _summary(values) for name, values in samples.items()}
     bare = figures[BASELINE]["p50"]
     ratios = {name: round(f["p50"] / bare, 2) for name, f in figures.items() if name != BASELINE}
-    return {"start_to_register": figures, "ratio_p50_to_bare": ratios, "target_ratio": TARGET_RATIO}
+    floor = figures[WITH_LIBRARIES]["p50"]
+    own = {
+        name: round(f["p50"] - floor, 1)
+        for name, f in figures.items()
+        if name not in (BASELINE, WITH_LIBRARIES)
+    }
+    return {
+        "start_to_register": figures,
+        "ratio_p50_to_bare": ratios,
+        "target_ratio": TARGET_RATIO,
+        # p50 above the bare plugin that imports devplug's libraries: devplug's own start (ms).
+        "devplug_own_ms_p50": own,
+    }
 
 
 def import_times(runs: int) -> dict[str, Any]:

@@ -67,7 +67,9 @@ class Health(str, enum.Enum):
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Built at first use: a device plugin never builds the DRA models, and the Allocate answer's
+    # models are built when the first Allocate comes, not before the plugin registers.
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class Version(_Frozen):

@@ -37,6 +37,9 @@ class Settings(BaseSettings):
         env_prefix="DEVPLUG_",
         extra="forbid",
         frozen=True,
+        # The schema is built when a class is first instantiated: a backend's subclass is, the
+        # base class (25 fields) then never is, and a start does not build both.
+        defer_build=True,
         cli_kebab_case=True,
         cli_implicit_flags=True,
         cli_hide_none_type=True,  # "--node-name str", not "{str,null}"

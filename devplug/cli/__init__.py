@@ -145,17 +145,20 @@ def _check_class(cls: type[DevicePlugin], target: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``devplug`` console script."""
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["run"]:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["run"]:
         from devplug._core.signals import install
 
         install("devplug run")  # first: a Ctrl-C from here on is one line and status 130
+        # run parses its own options (the runner's settings): the other commands' parsers and
+        # modules are not needed, and a plugin's start does not wait for them.
+        return _cmd_run(*_split_run(args[1:]))
     # Imported here, not at the top: the console script's import stays small (the library,
     # pydantic and grpc load once a command runs).
     from devplug._version import version
     from devplug.cli import _conformance, _inspect, _kubelet
     from devplug.settings import _OneLineParser
 
-    args = sys.argv[1:] if argv is None else argv
     # One line and status 2 for a bad argument, in every sub-command (sub-parsers share the class).
     parser = _OneLineParser(prog="devplug", description="Kubernetes device plugins in async Python.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
@@ -182,8 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     for name, sub_parser in sub.choices.items():
         if name != "run":  # run's options come from the runner's settings, --version included
             sub_parser.add_argument("--version", action="version", version=f"devplug {name} {version()}")
-    if args[:1] == ["run"]:
-        return _cmd_run(*_split_run(args[1:]))
     known, rest = parser.parse_known_args(args)
     if known.command == "conformance":
         # Everything after the options is the plugin's command line, its own flags included.
