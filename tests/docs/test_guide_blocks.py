@@ -2,9 +2,10 @@
 guide's plugin, conftest and test run under ``pytest -q``; the devplug commands shown name
 sub-commands and flags that exist.
 
-Executed: the author guide's ``fpga.py``, its ``conftest.py`` block and its first test block
-(saved as ``test_fpga.py``). Only checked: the other python blocks (fragments: ``...`` for
-methods shown earlier, names such as ``gpus()`` left to the reader), the devplug, devplug-fake
+Executed: the author guide's ``fpga.py``, its ``conftest.py`` block, its test block (saved as
+``test_fpga.py``) and its conformance test (``test_conformance.py``). Only checked: the other
+python blocks (fragments: ``...`` for methods shown earlier, names such as ``gpus()`` left to
+the reader), the devplug, devplug-fake
 and devplug-nvidia command lines (flags against ``--help``), and the kubectl and docker lines,
 which need a cluster or a registry (the command must be one of them).
 """
@@ -67,10 +68,13 @@ def test_the_author_guide_plugin_and_its_tests_pass(fpga_project: Path) -> None:
     (plugin,) = [b for b in AUTHOR if b.file_name == "fpga.py"]
     (conftest,) = [b for b in AUTHOR if "def anyio_backend" in b.text]
     tests = [b for b in AUTHOR if "from fpga import Fpgas" in b.text]
+    (conformance,) = [b for b in AUTHOR if "run_conformance(" in b.text]
     assert len(tests) == 1, [str(b) for b in tests]
     (fpga_project / "fpga.py").write_text(plugin.text)
     (fpga_project / "conftest.py").write_text(conftest.text)
     (fpga_project / "test_fpga.py").write_text(tests[0].text)
+    # The conformance block starts fpga.py as a process, with the guide's own --pattern option.
+    (fpga_project / "test_conformance.py").write_text(conformance.text)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
         check=False,
@@ -81,7 +85,7 @@ def test_the_author_guide_plugin_and_its_tests_pass(fpga_project: Path) -> None:
         env=environment(),
     )
     assert result.returncode == 0, result.stdout[-3000:]
-    assert "2 passed" in result.stdout
+    assert "3 passed" in result.stdout
 
 
 def command_lines() -> list[tuple[Block, str]]:
