@@ -165,3 +165,25 @@ async def test_the_started_event_carries_the_version(short_dir: Path) -> None:
     started = [json.loads(line) for line in lines if '"started"' in line]
     assert started, lines
     assert started[0]["version"] == VERSION
+
+
+@pytest.mark.anyio
+async def test_the_dra_started_event_carries_the_version(short_dir: Path) -> None:
+    from devplug.testing import FakeKubeAPI
+    from tests.metrics.probing import plugin
+
+    root = short_dir / "k"
+    (root / "plugins_registry").mkdir(parents=True)  # the kubelet's plugin watcher makes it
+    log = short_dir / "driver.log"
+    async with FakeKubeAPI() as api:
+        api.add_node("node-a")
+        kubeconfig = api.write_kubeconfig(short_dir / "kc")
+        argv = ["--api", "dra", "--node-name", "node-a", "--kubeconfig", str(kubeconfig)]
+        argv += ["--kubelet-root", str(root), "--cdi-dir", str(short_dir / "cdi")]
+        async with plugin(log, "devplug_fake", *argv):
+            await api.wait_for_slices(node="node-a", count=1, timeout=30)
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    started = [e for e in events if e["event"] == "started"]
+    assert len(started) == 1, events
+    assert started[0]["version"] == VERSION
+    assert started[0]["dra_socket"].startswith(str(root / "plugins"))
