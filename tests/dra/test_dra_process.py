@@ -21,6 +21,9 @@ DRIVER = "fake.example.com"
 
 
 def args(root: Path, kubeconfig: Path, *extra: str) -> list[str]:
+    """The driver's options, its kubelet root ``root/k``; plugins_registry in it is made first,
+    as the kubelet's plugin watcher makes it (the driver waits for it, never creates it)."""
+    (root / "k" / "plugins_registry").mkdir(parents=True, exist_ok=True)
     return [
         "--api", "dra", "--driver-name", DRIVER, "--node-name", NODE,
         "--kubeconfig", str(kubeconfig), "--kubelet-root", str(root / "k"),

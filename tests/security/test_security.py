@@ -157,14 +157,15 @@ async def test_socket_is_private_from_the_moment_it_is_bound(short_dir: Path) ->
 
 
 async def test_sockets_and_directories_under_umask_0(short_dir: Path) -> None:
-    """A process started with umask 0, before the kubelet: private sockets, no open directories,
-    and nothing listening on the network without --metrics-address."""
+    """A process started with umask 0, before the kubelet: private sockets, no directory made
+    (none left open by the umask), and nothing listening on the network without
+    --metrics-address."""
     dp = short_dir / "kubelet" / "dp"
     log = short_dir / "plugin.log"
     async with devplug_fake(log, "--device-plugin-dir", str(dp), umask=0) as process:
-        await wait_for_event(log, "waiting_for_kubelet")
-        # Made by the plugin: 0755 whatever the umask (makedirs would leave the parent 0777).
-        assert (mode(dp.parent), mode(dp)) == (0o755, 0o755)
+        await wait_for_event(log, "kubelet_directory_missing")
+        # The kubelet's directories are the kubelet's: the plugin waits, making nothing.
+        assert sorted(p.name for p in short_dir.iterdir()) == ["plugin.log"]
         async with FakeKubelet(dp) as kubelet:
             first = await kubelet.wait_for_registration(RESOURCE, timeout=10)
             assert mode(dp / first.endpoint) == 0o600
