@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "AllocatedDevice",
@@ -183,27 +191,25 @@ def _counters(counters: Any) -> Any:
     return out
 
 
+def _counter_set_name(name: str) -> str:
+    if not _LABEL.fullmatch(name):
+        raise ValueError(f"counter set name {name!r} is not a DNS label")
+    return name
+
+
+_CounterSetName = Annotated[str, AfterValidator(_counter_set_name)]
+_Counters = Annotated[dict[str, str], BeforeValidator(_counters)]
+
+
 class CounterSet(_Frozen):
     """Counters shared by several devices of a pool (``sharedCounters``, Kubernetes 1.35+): what
     the devices that consume from it may take together, e.g. a GPU's multiprocessors and memory
     slices, consumed by its partitions."""
 
-    name: str
+    name: _CounterSetName
     """The set's name, unique in the pool (a DNS label, e.g. ``gpu-0-counter-set``)."""
-    counters: dict[str, str]
+    counters: _Counters
     """Counter name (a DNS label) → how much there is (a quantity; integers accepted)."""
-
-    @field_validator("name")
-    @classmethod
-    def _dns_label(cls, name: str) -> str:
-        if not _LABEL.fullmatch(name):
-            raise ValueError(f"counter set name {name!r} is not a DNS label")
-        return name
-
-    @field_validator("counters", mode="before")
-    @classmethod
-    def _counters(cls, counters: Any) -> Any:
-        return _counters(counters)
 
     def __hash__(self) -> int:
         return hash((self.name, tuple(self.counters.items())))
@@ -213,22 +219,10 @@ class CounterConsumption(_Frozen):
     """What a device takes from a :class:`CounterSet` of its pool while allocated
     (``consumesCounters``)."""
 
-    counter_set: str
+    counter_set: _CounterSetName
     """The name of the set consumed from."""
-    counters: dict[str, str]
+    counters: _Counters
     """Counter name → how much the device takes (a quantity; integers accepted)."""
-
-    @field_validator("counter_set")
-    @classmethod
-    def _dns_label(cls, name: str) -> str:
-        if not _LABEL.fullmatch(name):
-            raise ValueError(f"counter set name {name!r} is not a DNS label")
-        return name
-
-    @field_validator("counters", mode="before")
-    @classmethod
-    def _counters(cls, counters: Any) -> Any:
-        return _counters(counters)
 
     def __hash__(self) -> int:
         return hash((self.counter_set, tuple(self.counters.items())))
