@@ -15,8 +15,9 @@ command's start and a plugin's imports pay only for what they use.
 
 from __future__ import annotations
 
-import importlib
 import typing
+
+from devplug._lazy import lazy_names as _lazy_names
 
 if typing.TYPE_CHECKING:
     from devplug._core.resource import ResourceStatus
@@ -104,16 +105,4 @@ _HOMES = {
 
 
 if not typing.TYPE_CHECKING:  # type checkers read the imports above; a misspelt name stays an error
-
-    def __getattr__(name: str) -> object:
-        """Import a public name's module the first time the name is asked for (PEP 562)."""
-        home = _HOMES.get(name)
-        if home is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value: object = getattr(importlib.import_module(home), name)
-        globals()[name] = value  # later lookups are plain attribute reads
-        return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    __getattr__, __dir__ = _lazy_names(__name__, _HOMES, __all__)

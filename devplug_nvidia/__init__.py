@@ -6,8 +6,9 @@ Same flags, environment variables and config file as NVIDIA's Go plugin
 
 from __future__ import annotations
 
-import importlib
 import typing
+
+from devplug._lazy import lazy_names as _lazy_names
 
 if typing.TYPE_CHECKING:
     from devplug_nvidia.config import NvidiaSettings, load_nvidia_settings
@@ -21,20 +22,8 @@ _HOMES = {
     "load_nvidia_settings": "devplug_nvidia.config",
 }
 
-if not typing.TYPE_CHECKING:  # type checkers read the imports above
-
-    def __getattr__(name: str) -> object:
-        """Import a public name's module the first time the name is asked for (PEP 562)."""
-        home = _HOMES.get(name)
-        if home is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value: object = getattr(importlib.import_module(home), name)
-        globals()[name] = value
-        return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+if not typing.TYPE_CHECKING:  # type checkers read the imports above; a misspelt name stays an error
+    __getattr__, __dir__ = _lazy_names(__name__, _HOMES, __all__)
 
 
 def main(argv: list[str] | None = None) -> int:

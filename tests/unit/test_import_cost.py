@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parents[2]
 # own light modules. Everything else (pydantic, structlog, grpc, protobuf, anyio, yaml,
 # prometheus_client, lightkube, the models) waits until it is used.
 ALLOWED = {
-    "devplug": {"devplug"},
-    "devplug.cli": {"devplug", "devplug.cli"},
-    "devplug_fake": {"devplug_fake"},
-    "devplug_fake.__main__": {"devplug_fake", "devplug_fake.__main__"},
-    "devplug_nvidia": {"devplug_nvidia"},
-    "devplug_nvidia.__main__": {"devplug_nvidia", "devplug_nvidia.__main__"},
+    "devplug": {"devplug", "devplug._lazy"},
+    "devplug.cli": {"devplug", "devplug._lazy", "devplug.cli"},
+    "devplug_fake": {"devplug", "devplug._lazy", "devplug_fake"},
+    "devplug_fake.__main__": {"devplug", "devplug._lazy", "devplug_fake", "devplug_fake.__main__"},
+    "devplug_nvidia": {"devplug", "devplug._lazy", "devplug_nvidia"},
+    "devplug_nvidia.__main__": {"devplug", "devplug._lazy", "devplug_nvidia", "devplug_nvidia.__main__"},
 }
 
 _LIST = "import sys, json; {stmt}; print(json.dumps(sorted(sys.modules)))"
