@@ -4,7 +4,8 @@ Pure data: pydantic models with no I/O and no protobuf. The servicer converts th
 from the wire types; nothing else in devplug touches protobuf.
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations`` here: pydantic would compile every field's annotation
+# string when each class is made, milliseconds of every start (see bench/startup.py).
 
 import enum
 import re
@@ -314,7 +315,7 @@ class Device(_Frozen):
         return out
 
     @model_validator(mode="after")
-    def _dra_limits(self) -> Device:
+    def _dra_limits(self) -> "Device":
         if len(self.attributes) + len(self.capacity) > MAX_ATTRIBUTES:
             raise ValueError(f"a device has at most {MAX_ATTRIBUTES} attributes and capacities together")
         if len(self.taints) > MAX_TAINTS:
@@ -344,7 +345,7 @@ class Device(_Frozen):
     def healthy(self) -> bool:
         return self.health is Health.HEALTHY
 
-    def with_health(self, health: Health) -> Device:
+    def with_health(self, health: Health) -> "Device":
         """A copy of this device with another health."""
         return self.model_copy(update={"health": health})
 
@@ -367,7 +368,7 @@ class DeviceSpec(_Frozen):
         return value
 
     @classmethod
-    def rw(cls, host_path: str, container_path: str | None = None) -> DeviceSpec:
+    def rw(cls, host_path: str, container_path: str | None = None) -> "DeviceSpec":
         """The same node at the same path (or ``container_path``), read-write."""
         return cls(host_path=host_path, container_path=container_path or host_path, permissions="rw")
 

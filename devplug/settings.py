@@ -5,7 +5,8 @@ subclass the same way. Every field's docstring is its ``--help`` text, read from
 when help is printed (:func:`describe_fields`).
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations`` here: pydantic would compile every field's annotation
+# string when each class is made, milliseconds of every start (see bench/startup.py).
 
 import argparse
 import ast

@@ -1,6 +1,7 @@
 """The fake backend's options and scenario file (pydantic: a wrong key or value is an error)."""
 
-from __future__ import annotations
+# No ``from __future__ import annotations`` here: pydantic would compile every field's annotation
+# string when each class is made, milliseconds of every start (see bench/startup.py).
 
 from pathlib import Path
 from typing import Literal
@@ -32,7 +33,7 @@ class HealthFlap(_Strict):
     """Seconds after start of the first unhealthy spell."""
 
     @model_validator(mode="after")
-    def _shorter_than_period(self) -> HealthFlap:
+    def _shorter_than_period(self) -> "HealthFlap":
         if self.down_for >= self.every:
             raise ValueError("down_for must be shorter than every")
         return self
