@@ -39,6 +39,7 @@ def _env(**extra: str) -> dict[str, str]:
 async def test_dgx_a100_publishes_prepares_and_exits_on_sigterm(short_dir: Path) -> None:
     root = write_root(MODELS["dgx-a100"], short_dir / "root")
     kubelet = short_dir / "k"
+    (kubelet / "plugins_registry").mkdir(parents=True)  # the kubelet's, made by its plugin watcher
     cdi = short_dir / "cdi"
     async with FakeKubeAPI() as api:
         api.add_node(NODE)
@@ -73,6 +74,7 @@ async def test_dgx_a100_publishes_prepares_and_exits_on_sigterm(short_dir: Path)
 
 async def test_fake_nvml_lays_out_its_own_tree_for_mig_claims(short_dir: Path) -> None:
     kubelet = short_dir / "k"
+    (kubelet / "plugins_registry").mkdir(parents=True)  # the kubelet's, made by its plugin watcher
     cdi = short_dir / "cdi"
     async with FakeKubeAPI() as api:
         api.add_node(NODE)
