@@ -154,11 +154,14 @@ class Runner:
     def readiness(self) -> tuple[bool, list[str]]:
         """Whether the process is ready, and if not every reason why.
 
-        Ready: the first set of plugins is started, every extra condition holds, and every
-        resource is registered (in plugin-watcher mode: the kubelet said so) with a device list
-        sent on a ListAndWatch stream that is still open since its last (re)registration.
+        Ready: the first set of plugins is started, the kubelet's directories exist, every
+        extra condition holds, and every resource is registered (in plugin-watcher mode: the
+        kubelet said so) with a device list sent on a ListAndWatch stream that is still open
+        since its last (re)registration.
         """
         reasons = [] if self._started.is_set() else ["starting"]
+        if self._watcher is not None:
+            reasons.extend(f"{p} does not exist (the kubelet creates it)" for p in self._watcher.missing)
         for check in self._readiness:
             try:
                 why = check()
@@ -193,8 +196,8 @@ class Runner:
 
         Raises:
             ConfigError: ``metrics_address`` is set but prometheus-client is missing, or its
-                port cannot be bound; a kubelet directory is writable by every user and
-                ``insecure_dir`` is refuse.
+                port cannot be bound; a kubelet directory is writable by every user (at start,
+                or when a directory missing then appears) and ``insecure_dir`` is refuse.
         """
         if handle_signals:
             await until_signalled(self._serve, reload=self.reload, dump=self.debug_state)

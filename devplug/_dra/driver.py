@@ -111,15 +111,18 @@ class DraDriver:
         self.publisher: SlicePublisher | None = None
         self._started = anyio.Event()
         self._reloads: Counter[str] = Counter()
+        self._watcher: DirWatcher | None = None
 
     # -- state for probes and dumps -------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, list[str]]:
-        """Ready: the kubelet accepted the registration and the slices are published (since the
-        last wipe), and the checkpoint is usable."""
+        """Ready: the kubelet's plugins_registry exists, the kubelet accepted the registration,
+        the slices are published (since the last wipe), and the checkpoint is usable."""
         reasons = []
         if not self._started.is_set():
             reasons.append("starting")
+        if self._watcher is not None:
+            reasons.extend(f"{p} does not exist (the kubelet creates it)" for p in self._watcher.missing)
         if self.checkpoint.error:
             reasons.append(self.checkpoint.error)
         if not self.registered:
@@ -230,7 +233,7 @@ class DraDriver:
         assert self._preparer is not None, "open() first"
         assert self._kube is not None, "open() first"
         kube, preparer, probes = self._kube, self._preparer, self._probe_server
-        watcher = DirWatcher(self.data_dir, self.settings.plugins_registry_dir)
+        watcher = self._watcher = DirWatcher(self.data_dir, self.settings.plugins_registry_dir)
         try:
             async with anyio.create_task_group() as tg:
                 if probes is not None:

@@ -41,9 +41,10 @@ async def test_a_missing_device_plugin_dir_is_waited_for_not_created(short_dir: 
     settings = settings_for(short_dir)
     dp = settings.device_plugin_dir
     with capture_logs() as logs:
-        async with serving(Widgets(), settings):
+        async with serving(Widgets(), settings) as runner:
             await wait_until(lambda: len(missing_warnings(logs, dp)) >= 2)
             assert not dp.exists()
+            assert f"{dp} does not exist (the kubelet creates it)" in runner.readiness()[1]
             first, second = missing_warnings(logs, dp)[:2]
             assert first["log_level"] == "warning"
             assert "kubelet creates" in first["note"]
@@ -181,6 +182,7 @@ async def test_dra_driver_waits_for_plugins_registry(short_dir: Path) -> None:
                 await wait_until(lambda: len(missing_warnings(logs, registry)) >= 2)
                 assert not registry.exists()
                 assert driver.state_dir.is_dir()  # the driver's own directory is made
+                assert f"{registry} does not exist (the kubelet creates it)" in driver.readiness()[1]
                 kubelet = FakeKubelet(
                     root / "device-plugins", plugins_registry_dir=registry, dra=True, kube_api=api
                 )

@@ -23,12 +23,13 @@ async def test_readiness_follows_registration_and_kubelet_restarts(short_dir: Pa
     args = ("--device-plugin-dir", str(dp), "--count", "2", "--metrics-address", f"127.0.0.1:{port}")
     async with plugin(log, "devplug_fake", *args) as process:
         await wait_for_port(port, process, log)
-        # No kubelet yet: alive, not ready, and the body says why.
+        # No kubelet yet (nor its directory): alive, not ready, and the body says why.
         status, _, body = await get(port, "/healthz")
         assert (status, body) == (200, b"ok\n")
         status, _, body = await get(port, "/readyz")
         assert status == 503
-        assert body.decode() == f"not ready:\n- {RESOURCE}: not registered\n"
+        missing = f"{dp} does not exist (the kubelet creates it)"
+        assert body.decode() == f"not ready:\n- {missing}\n- {RESOURCE}: not registered\n"
 
         async with FakeKubelet(dp) as kubelet:
             await kubelet.wait_for_devices(RESOURCE, timeout=10)
