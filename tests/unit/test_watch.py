@@ -65,3 +65,46 @@ async def test_wait_for_rechecks_state_not_events(short_dir: Path) -> None:
             while not results:  # noqa: ASYNC110
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
+
+
+async def test_a_missing_directory_is_found_through_ancestors_that_come_and_go(short_dir: Path) -> None:
+    target = short_dir / "a" / "b" / "dp"
+    watcher = DirWatcher(target)
+    async with anyio.create_task_group() as tg:
+        await tg.start(watcher.run)  # started although nothing is there
+        assert watcher.missing == (target,)
+        (short_dir / "a").mkdir()  # the watch moves down to a/ ...
+        await anyio.sleep(0.05)
+        (short_dir / "a").rmdir()  # ... and back up when a/ goes
+        await anyio.sleep(0.05)
+        assert not (short_dir / "a").exists()  # nothing made by the watcher
+        os.makedirs(target)
+        with anyio.fail_after(2):
+            await watcher.wait_present(target)
+        assert watcher.missing == ()
+        gen = watcher.generation
+        (target / "kubelet.sock").touch()
+        with anyio.fail_after(2):
+            await watcher.changed_after(gen)
+        assert watcher.creations(target / "kubelet.sock") >= 1
+        tg.cancel_scope.cancel()
+
+
+async def test_a_watched_directory_stays_watched_after_serving_as_an_ancestor(short_dir: Path) -> None:
+    """The missing sub/ is waited for through the watch of its parent, itself watched: that
+    watch is kept once sub/ is there."""
+    sub = short_dir / "sub"
+    watcher = DirWatcher(short_dir, sub)
+    async with anyio.create_task_group() as tg:
+        await tg.start(watcher.run)
+        assert watcher.missing == (sub,)
+        sub.mkdir()
+        with anyio.fail_after(2):
+            await watcher.wait_present(sub)
+        for directory in (short_dir, sub):
+            before, gen = watcher.creations(directory / "x"), watcher.generation
+            (directory / "x").touch()
+            with anyio.fail_after(2):
+                await watcher.changed_after(gen)
+            assert watcher.creations(directory / "x") == before + 1
+        tg.cancel_scope.cancel()
