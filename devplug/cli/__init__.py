@@ -11,7 +11,6 @@ any other program.
 from __future__ import annotations
 
 import importlib
-import inspect
 import os
 import re
 import sys
@@ -118,6 +117,8 @@ def _cmd_run(target: str, rest: list[str]) -> int:
 
 def _check_class(cls: type[DevicePlugin], target: str) -> None:
     """One line (exit 2) for the mistakes that would otherwise end in a traceback at start."""
+    import inspect  # ~10 ms to import: not before main's first line, and only for a class that needs it
+
     from devplug.plugin import DevicePlugin
 
     missing = sorted(getattr(cls, "__abstractmethods__", ()))

@@ -2,7 +2,9 @@
 
 A trial starts one command (the console script) as a real process in its own process group,
 with a FakeKubelet (device plugins) or a FakeKubeAPI (DRA) serving in this process, sends a
-burst of signals at one moment, and returns every rule the exit broke:
+burst of signals at one moment (a moment in seconds counts from the start, but never falls
+before the process's ``main`` took SIGTERM over: before that line a signal ends any Python
+program the default way), and returns every rule the exit broke:
 
 * status 0, or 130 ("interrupted") only when the burst came before the process had started
   serving, that is before the fake kubelet or API server saw it (registration, or a published
@@ -150,6 +152,9 @@ async def trial(name: str, moment: Moment, burst: Burst, tmp: Path, *, timeout: 
             async with process:
                 try:
                     if isinstance(moment, float | int):
+                        # Not before main's first line: a signal while the interpreter starts
+                        # ends any Python program the default way (outside what is judged).
+                        await _until_main(process.pid, timeout)
                         await anyio.sleep(max(0.0, started + moment - time.monotonic()))
                     else:
                         await _served(name, kubelet, api, timeout)
@@ -169,6 +174,25 @@ async def trial(name: str, moment: Moment, burst: Burst, tmp: Path, *, timeout: 
     outcome.stderr = err.read_text(errors="replace")
     _judge(outcome, tmp)
     return outcome
+
+
+async def _until_main(pid: int, timeout: float) -> None:  # noqa: ASYNC109
+    """Wait until the process catches SIGTERM (its main's first line took it over).
+
+    Python catches only SIGINT on its own; the kernel shows the caught signals in
+    /proc/PID/status (SigCgt, a hexadecimal mask, bit N-1 for signal N).
+    """
+    bit = 1 << (signal.SIGTERM - 1)
+    with anyio.move_on_after(timeout):
+        while True:
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except (FileNotFoundError, ProcessLookupError):
+                return  # it ended already: judged as it is
+            caught = [line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")]
+            if caught and int(caught[0], 16) & bit:
+                return
+            await anyio.sleep(0.002)
 
 
 async def _served(name: str, kubelet: FakeKubelet, api: FakeKubeAPI, timeout: float) -> None:  # noqa: ASYNC109
