@@ -116,6 +116,9 @@ def nvml_source(
             raise NvmlError(str(exc.args[0]), code=_nvml.NOT_FOUND) from None
         sysfs = root / "sys" if sysfs is None else sysfs
         proc = root / "proc" if proc is None else proc
+        # The fake "kernel driver" shows the MIG instances it creates (dynamic MIG) as capability
+        # files there, as the real one does under /proc/driver/nvidia/capabilities.
+        module.proc_root = Path(proc)
     return NvmlSource(module, Path(sysfs or "/sys"), Path(proc or "/proc"), library_root(settings))
 
 
