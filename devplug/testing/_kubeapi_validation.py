@@ -5,7 +5,8 @@ a driver name is a DNS subdomain of at most 63 bytes; a pool name at most 253 by
 subdomains joined by ``/``; exactly one of nodeName, nodeSelector, allNodes and
 perDeviceNodeSelection; at most 128 devices (64 if any has taints or consumesCounters), named by
 unique DNS labels; at most 32 attributes and capacities per device; attribute values with exactly
-one of int, bool, string and version; at most 16 taints per device. (Capacity and counter values
+one of int, bool, string and version; at most 16 taints per device; counter sets and counter
+consumptions with a name and at least one counter. (Capacity and counter values
 that are not quantities cannot be decoded at all: 400, not 422, in ``_kubeapi_strategy``.)
 """
 
@@ -194,7 +195,7 @@ def _device(device: dict[str, Any], path: str, per_device: bool) -> list[FieldEr
     consumes = device.get("consumesCounters") or []
     for i, consumption in enumerate(consumes):
         at = f"{path}.consumesCounters[{i}]"
-        errors += dns_label(consumption.get("counterSet") or "", f"{at}.counterSet")
+        errors += _counter_set_name(consumption.get("counterSet") or "", f"{at}.counterSet")
         errors += _counters(consumption.get("counters") or {}, f"{at}.counters")
     if len(consumes) > MAX_CONSUMES_COUNTERS:
         errors.append(too_many(f"{path}.consumesCounters", len(consumes), MAX_CONSUMES_COUNTERS))
@@ -255,7 +256,16 @@ def _taint(taint: dict[str, Any], path: str) -> list[FieldError]:
     return errors
 
 
+def _counter_set_name(name: str, path: str) -> list[FieldError]:
+    return [required(path)] if not name else dns_label(name, path)
+
+
 def _counters(counters: dict[str, Any], path: str) -> list[FieldError]:
+    """A counter set's counters, or a device's consumption of one: required (an empty map is
+    ``Required value``, the error NVIDIA's DynamicMIG hit for GPUs without MIG, #1092), at most
+    32, named by DNS labels."""
+    if not counters:
+        return [required(path)]
     errors: list[FieldError] = []
     if len(counters) > MAX_COUNTERS:
         errors.append(too_many(path, len(counters), MAX_COUNTERS))
@@ -265,6 +275,6 @@ def _counters(counters: dict[str, Any], path: str) -> list[FieldError]:
 
 
 def _counter_set(counter_set: dict[str, Any], path: str) -> list[FieldError]:
-    return dns_label(counter_set.get("name") or "", f"{path}.name") + _counters(
+    return _counter_set_name(counter_set.get("name") or "", f"{path}.name") + _counters(
         counter_set.get("counters") or {}, f"{path}.counters"
     )

@@ -278,6 +278,32 @@ INVALID: list[tuple[str, Callable[[Body], None], str, str]] = [
         "spec.sharedCounters",
         "Too many: 9: must have at most 8 items",
     ),
+    # validateCounterSet / validateDeviceCounterConsumption: an empty counters map is refused
+    # ("spec.sharedCounters[0].counters: Required value", as NVIDIA's DynamicMIG met it).
+    (
+        "counter set without counters",
+        spec(devices=[], sharedCounters=[{"name": "gpu-0-counter-set", "counters": {}}]),
+        "spec.sharedCounters[0].counters",
+        "Required value",
+    ),
+    (
+        "counter set without a name",
+        spec(devices=[], sharedCounters=[{"name": "", "counters": {"memory": {"value": "1"}}}]),
+        "spec.sharedCounters[0].name",
+        "Required value",
+    ),
+    (
+        "consumption without counters",
+        with_devices(device("d", consumesCounters=[{"counterSet": "gpu-0-counter-set", "counters": {}}])),
+        "spec.devices[0].consumesCounters[0].counters",
+        "Required value",
+    ),
+    (
+        "consumption without a counter set",
+        with_devices(device("d", consumesCounters=[{"counterSet": "", "counters": {"m": {"value": "1"}}}])),
+        "spec.devices[0].consumesCounters[0].counterSet",
+        "Required value",
+    ),
     (
         "counter name not a DNS label",
         spec(devices=[], sharedCounters=[{"name": "s", "counters": {"Memory_Slice": {"value": "1"}}}]),
