@@ -240,6 +240,11 @@ async def test_the_driver_process_creates_and_destroys_mig_devices_for_claims(sh
         # SIGTERM ended it with status 0 (logged_process checks); the sockets are gone.
         assert list(registry.iterdir()) == []
         assert not (kubelet_root / "plugins" / DRIVER / "dra.sock").exists()
+    # Nothing went wrong but the refused claim: no slice write was refused, retried or cut short.
+    events = [json.loads(line) for line in (short_dir / "log").read_text().splitlines()]
+    assert [
+        (e["level"], e["event"], e.get("claim")) for e in events if e["level"] not in ("debug", "info")
+    ] == [("error", "prepare_failed", "ns/second")]
 
 
 async def test_in_process_the_fake_nvml_holds_the_claims_instance(short_dir: Path) -> None:
