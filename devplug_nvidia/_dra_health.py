@@ -24,9 +24,11 @@ stands.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import structlog
 
 from devplug.models import DeviceTaint, Health
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HEALTH_GATE",
     "DraHealthMonitor",
+    "MonitorTask",
     "additional_ignored",
     "dra_health_monitor",
     "health_enabled",
@@ -76,8 +79,22 @@ class DraHealthMonitor(HealthMonitor):
         self._lost: set[str] = set()
         self._unmonitored: set[str] = set()
         self._taints: dict[str, tuple[DeviceTaint, ...]] = {}
+        self._running: anyio.Event | None = None
+        """Set when the :meth:`run` watching now ends (None: none watches)."""
         super().__init__(*args, **kwargs)
         self._cooldown = self._policy.settings.recovery_cooldown
+
+    async def run(self) -> None:
+        """Watch until cancelled, as the base class does. One NVML event set per monitor: a
+        second caller waits while another one watches, and takes over when that one ends."""
+        while self._running is not None:
+            await self._running.wait()
+        running = self._running = anyio.Event()
+        try:
+            await super().run()
+        finally:
+            self._running = None
+            running.set()
 
     # -- what the plugin reads ----------------------------------------------------------------
 
@@ -160,6 +177,42 @@ class DraHealthMonitor(HealthMonitor):
 
     def _units_hit(self, event: _Wait) -> list[_Unit]:
         return [u for u in self._by_gpu.get(event.gpu or "", []) if u.hit_by(event.gi, event.ci)]
+
+
+class MonitorTask:
+    """``monitor.run()`` in a task of the event loop's own, not of a task group, started now.
+
+    For a caller that cannot hold a task group open around it: the plugin's ``watch_devices``, an
+    async generator, starts its monitor so that health works however the plugin is served
+    (``devplug-nvidia --api dra``, ``devplug run``, a test's ``serving_dra``); a task group may not
+    span the generator's ``yield``. :meth:`stop` ends the task (the generator's ``finally``). The
+    runner is asyncio (devplug serves on anyio's asyncio backend).
+    """
+
+    def __init__(self, monitor: DraHealthMonitor) -> None:
+        self.monitor = monitor
+        self._task = asyncio.get_running_loop().create_task(monitor.run(), name="nvidia-dra-health")
+
+    async def wait_changed(self, seen: int) -> int:
+        """:meth:`DraHealthMonitor.wait_changed`, or what ended the monitor's run raised here
+        (a bug: the run reports NVML trouble as health), so that the caller fails visibly."""
+        waiter = asyncio.ensure_future(self.monitor.wait_changed(seen))
+        try:
+            await asyncio.wait({waiter, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if waiter.done() and not waiter.cancelled():
+            return waiter.result()
+        self._task.result()  # raises what ended the run
+        raise RuntimeError("the NVML health monitor stopped")
+
+    async def stop(self) -> None:
+        """Cancel the run and wait until its NVML event set is closed."""
+        self._task.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait({self._task})
+        if not self._task.cancelled():
+            self._task.exception()  # retrieved: the caller saw it in wait_changed
 
 
 def _text(taint: DeviceTaint) -> str:

@@ -39,6 +39,7 @@ METAVARS = {
     "cdi_feature_flags": "FLAG[,FLAG]",
     "shared_devices_allocation_policy": "POLICY",
     "fake_nvml": "MODEL",
+    "additional_xids_to_ignore": "XID[,XID]",
 }
 """Placeholders of devplug-nvidia's own options (the choices are listed in their help)."""
 

@@ -72,6 +72,7 @@ DRA_ENV_NAMES: dict[str, tuple[str, ...]] = {
     "cdi_dir": ("CDI_ROOT",),
     "plugins_registry_dir": ("KUBELET_REGISTRAR_DIRECTORY_PATH",),
     "feature_gates": ("FEATURE_GATES",),
+    "additional_xids_to_ignore": ("ADDITIONAL_XIDS_TO_IGNORE",),
 }
 """Field → the environment variables of NVIDIA's DRA driver (gpu-kubelet-plugin) for settings
 devplug has too, read like :data:`ENV_NAMES` (for ``--api dra``)."""
@@ -184,6 +185,10 @@ class NvidiaSettings(Settings):
     """NVIDIA's DRA feature gates, Name=true,Other=false: TimeSlicingSettings, MPSSupport,
     PassthroughSupport, DynamicMIG, NVMLDeviceHealthCheck, DeviceMetadata; all off by default, as
     NVIDIA's (FEATURE_GATES)."""
+    additional_xids_to_ignore: str = ""
+    """For --api dra: a comma list of XIDs to treat like the ignored 13, 31, 43, 45, 68 and 109,
+    so that they taint their device with effect None, not NoSchedule; empty: none
+    (ADDITIONAL_XIDS_TO_IGNORE). With --api device-plugin, DP_DISABLE_HEALTHCHECKS does that."""
 
     sharing: CliSuppress[Sharing] = Sharing()
     """sharing.timeSlicing / sharing.mps of the config file."""
@@ -236,6 +241,20 @@ class NvidiaSettings(Settings):
         except FeatureGateError as exc:
             # One line as NVIDIA's flag parser words it; a ConfigError is not wrapped by pydantic.
             raise ConfigError(f'invalid value "{value}" for flag --feature-gates: {exc}') from None
+        return value
+
+    @field_validator("additional_xids_to_ignore")
+    @classmethod
+    def _unsigned_xids(cls, value: str) -> str:
+        # NVIDIA skips an item that is not an unsigned integer (logged at debug level only); a
+        # typo would then leave that XID counted without a word, so it is refused here.
+        for raw in value.split(","):
+            item = raw.strip()
+            if item and not (item.isdigit() and item.isascii()):
+                raise ConfigError(
+                    f'invalid value "{value}" for flag --additional-xids-to-ignore: '
+                    f'"{item}" is not an XID (an unsigned integer)'
+                )
         return value
 
     @model_validator(mode="before")

@@ -60,7 +60,7 @@ class NvidiaDraPlugin(DevicePlugin):
         driver_files: the driver files the claim specs mount (None: device nodes only).
         proc: where this process sees the host's ``/proc`` (MIG capability files).
         health: the NVML health monitor whose health and taints the devices carry (None: every
-            device Healthy, no taints); whoever serves the plugin runs it.
+            device Healthy, no taints); it runs while :meth:`watch_devices` is iterated.
         dynamic_mig: the MIG devices created at prepare (``DynamicMIG``; None: static MIG only).
     """
 
@@ -157,21 +157,29 @@ class NvidiaDraPlugin(DevicePlugin):
         ]
 
     async def watch_devices(self) -> AsyncGenerator[Sequence[Device], None]:
-        # A new list whenever the health monitor changes a device's health or taints.
+        # A new list whenever the health monitor changes a device's health or taints. The
+        # monitor runs while the devices are watched, however the plugin is served; one
+        # already run by someone else is left to them (DraHealthMonitor.run waits its turn).
+        from devplug_nvidia._dra_health import MonitorTask
+
         health = self.health
         if health is None:
             yield self.devices
             await anyio.sleep_forever()
             return
-        version = health.version
-        last = self.current_devices()
-        yield last
-        while True:
-            version = await health.wait_changed(version)
-            devices = self.current_devices()
-            if devices != last:
-                last = devices
-                yield devices
+        monitor = MonitorTask(health)
+        try:
+            version = health.version
+            last = self.current_devices()
+            yield last
+            while True:
+                version = await monitor.wait_changed(version)
+                devices = self.current_devices()
+                if devices != last:
+                    last = devices
+                    yield devices
+        finally:
+            await monitor.stop()
 
     async def allocate(self, devices: Sequence[Device]) -> ContainerAllocation:
         """The device plugin's answer for ``devices`` (unused by DRA, where claims are prepared)."""
@@ -283,8 +291,9 @@ def run_dra(settings: NvidiaSettings, prog: str, *, started: Callable[[], object
         started()
     try:
         from devplug._core.signals import run_async
+        from devplug.dra import serve
 
-        run_async(functools.partial(_serve_with_health, plugin, settings))
+        run_async(functools.partial(serve, plugin, settings))
     except Exception as exc:
         refusal = _config_error(exc)
         if refusal is None:
@@ -292,21 +301,6 @@ def run_dra(settings: NvidiaSettings, prog: str, *, started: Callable[[], object
         print(f"{prog}: {refusal}", file=sys.stderr)
         return 2
     return 0
-
-
-async def _serve_with_health(plugin: NvidiaDraPlugin, settings: NvidiaSettings) -> None:
-    """Serve ``plugin`` as a DRA driver (as :func:`devplug.dra.serve`), its health monitor
-    running beside it once the driver's settings have been accepted."""
-    from devplug._main import serve_with_signals
-    from devplug.dra import DraDriver
-
-    driver = DraDriver([plugin], settings)
-    await driver.open()  # a bad setting raises here, before NVML is touched again
-    async with anyio.create_task_group() as tg:
-        if plugin.health is not None:
-            tg.start_soon(plugin.health.run)
-        await serve_with_signals(driver.serve, driver)
-        tg.cancel_scope.cancel()
 
 
 def _config_error(exc: BaseException) -> ConfigError | None:

@@ -112,6 +112,8 @@ async def test_a_recoverable_xid_taints_the_gpu_until_the_quiet_period_is_over(s
     async with node("pcie-a10", short_dir) as n:
         everyone = {f"gpu-{i}": "Healthy" for i in range(4)}
         await n.wait_health(lambda h: h == everyone)
+        # The monitor run here, not a second one from the plugin's device stream.
+        assert sum(1 for s in n.fake._sets() if not s.freed) == 1
         assert n.taints() == {f"gpu-{i}": [] for i in range(4)}
         n.fake.push_xid(0, 94)
         taints = await n.wait_taints(lambda t: t["gpu-0"])
