@@ -261,7 +261,8 @@ def _named_gates(gates: Any) -> dict[str, bool]:
 
 def additional_ignored(settings: Any) -> frozenset[int]:
     """``--additional-xids-to-ignore`` (a comma-separated string or a sequence of XIDs) read as
-    NVIDIA reads it: items trimmed, anything that is not an unsigned integer skipped."""
+    NVIDIA reads it: items trimmed, anything that is not an unsigned integer skipped (NvidiaSettings
+    refuses such an item before it gets here; other settings objects are read leniently)."""
     value = getattr(settings, "additional_xids_to_ignore", None)
     if not value:
         return frozenset()
