@@ -40,6 +40,7 @@ METAVARS = {
     "shared_devices_allocation_policy": "POLICY",
     "fake_nvml": "MODEL",
     "additional_xids_to_ignore": "XID[,XID]",
+    "feature_gates": "GATE=BOOL[,GATE=BOOL]",
 }
 """Placeholders of devplug-nvidia's own options (the choices are listed in their help)."""
 
@@ -66,8 +67,8 @@ def wants_version(args: list[str]) -> bool:
 
 
 def _default(value: Any) -> str | None:
-    if value is None:
-        return None  # the option's help says what unset means
+    if value is None or value == "":
+        return None  # the option's help says what unset (or empty) means
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, tuple):
