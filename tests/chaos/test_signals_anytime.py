@@ -5,7 +5,8 @@ The moments: 0.15 s (inside main, loading the library), 0.4 s and 0.8 s (setting
 the start of the runner, depending on the command and the machine's load), right after the
 fake kubelet or API server saw it, and during shutdown (a SIGTERM, then the burst 5 ms later).
 A signal before ``main``'s first line (the interpreter starting) ends the process the default
-way, so a moment is never earlier than that line (signal_kit waits for it under load). scripts/signal_stress.py runs random moments, many times.
+way, so a moment is never earlier than that line (signal_kit waits for it under load).
+scripts/signal_stress.py runs random moments, many times.
 """
 
 from __future__ import annotations
