@@ -17,6 +17,7 @@ from devplug.testing import FakeKubeAPI, FakeKubelet, serving_dra
 from devplug_nvidia.config import NvidiaSettings
 from devplug_nvidia.dra import NvidiaDraPlugin
 from devplug_nvidia.testing import MODELS, FakeNvml, mig_cap_minor, write_root
+from tests.nvidia.nvidia_dra_kit import dra_cluster
 
 pytestmark = pytest.mark.anyio
 
@@ -56,16 +57,8 @@ async def node(model: str, short_dir: Path) -> AsyncIterator[Node]:
     plugin = NvidiaDraPlugin.discover(
         settings, module=FakeNvml(MODELS[model]), sysfs=root / "sys", proc=root / "proc"
     )
-    kubelet_root = short_dir / "k"
     async with (
-        FakeKubeAPI() as api,
-        FakeKubelet(
-            short_dir / "dp",
-            plugins_registry_dir=kubelet_root / "plugins_registry",
-            dra=True,
-            kube_api=api,
-            node_name=NODE,
-        ) as kubelet,
+        dra_cluster(short_dir) as (api, kubelet, kubelet_root),
         serving_dra(plugin, api, kubelet_root, node_name=NODE),
     ):
         await kubelet.wait_for_usable(DRIVER, timeout=10)

@@ -14,7 +14,6 @@ compute instances are read.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from devplug.testing import FakeKubeAPI, FakeKubelet, serving_dra
 from devplug_nvidia.config import NvidiaSettings
 from devplug_nvidia.dra import NvidiaDraPlugin
 from devplug_nvidia.testing import MODELS, FakeNvml, write_root
+from tests.nvidia.nvidia_dra_kit import nvidia_env
 from tests.support import logged_process
 
 pytestmark = pytest.mark.anyio
@@ -47,22 +47,6 @@ COUNTERS = [
     "ofa-engines",
     "memory",
 ]
-_NVIDIA_ENV = (
-    "MIG_STRATEGY",
-    "CONFIG_FILE",
-    "NVIDIA_DRIVER_ROOT",
-    "DEVPLUG_FAKE_NVML",
-    "NODE_NAME",
-    "CDI_ROOT",
-    "KUBELET_REGISTRAR_DIRECTORY_PATH",
-    "FEATURE_GATES",
-)
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return {
-        k: v for k, v in os.environ.items() if k not in _NVIDIA_ENV and not k.startswith("DEVPLUG_")
-    } | extra
 
 
 def _slice_writes_refused(api: FakeKubeAPI) -> list[tuple[str, str, int]]:
@@ -234,7 +218,7 @@ async def test_the_driver_process_creates_and_destroys_mig_devices_for_claims(sh
             "--kubeconfig", str(api.write_kubeconfig(short_dir / "kc")), "--kubelet-root", str(kubelet_root),
             "--cdi-root", str(cdi),
         ]  # fmt: skip
-        async with logged_process("devplug_nvidia", args, short_dir / "log", env=_env(NODE_NAME=NODE)):
+        async with logged_process("devplug_nvidia", args, short_dir / "log", env=nvidia_env(NODE_NAME=NODE)):
             state = kubelet_root / "plugins" / DRIVER / "dynamic-mig"
             await _scenario(api, kubelet, cdi, state, lambda: _capabilities(root))
         # SIGTERM ended it with status 0 (logged_process checks); the sockets are gone.

@@ -21,11 +21,10 @@ from devplug_nvidia._dra_health import additional_ignored, dra_health_monitor, h
 from devplug_nvidia.config import NvidiaSettings
 from devplug_nvidia.dra import NvidiaDraPlugin
 from devplug_nvidia.testing import MODELS, FakeNvml, write_root
+from tests.nvidia.nvidia_dra_kit import DRIVER, NODE, dra_cluster, published_taints, wait_taints
 
 pytestmark = pytest.mark.anyio
 
-DRIVER = "gpu.nvidia.com"
-NODE = "node-a"
 COOLDOWN = 0.3
 XID = f"{DRIVER}/xid"
 
@@ -38,20 +37,10 @@ class Node:
     fake: FakeNvml
 
     def taints(self) -> dict[str, list[dict[str, Any]]]:
-        """The published taints by device name (``timeAdded`` left out); untainted devices too."""
-        out: dict[str, list[dict[str, Any]]] = {}
-        for item in self.api.slices(node=NODE, driver=DRIVER):
-            for device in item["spec"].get("devices") or ():
-                out[device["name"]] = [
-                    {k: v for k, v in t.items() if k != "timeAdded"} for t in device.get("taints") or ()
-                ]
-        return out
+        return published_taints(self.api)
 
     async def wait_taints(self, predicate: Any) -> dict[str, list[dict[str, Any]]]:
-        await self.api.wait_for_slices(
-            node=NODE, driver=DRIVER, predicate=lambda _: predicate(self.taints()), timeout=10
-        )
-        return self.taints()
+        return await wait_taints(self.api, predicate)
 
     def device_health(self, name: str) -> str:
         """The health the driver holds for device ``name`` now (what its health stream sends)."""
@@ -86,18 +75,7 @@ async def node(model: str, short_dir: Path, **settings: Any) -> AsyncIterator[No
         config, plugin.records, DRIVER, module=fake, wait_timeout=0.05, retry_interval=0.2
     )
     assert plugin.health is not None
-    kubelet_root = short_dir / "k"
-    async with (
-        FakeKubeAPI() as api,
-        FakeKubelet(
-            short_dir / "dp",
-            plugins_registry_dir=kubelet_root / "plugins_registry",
-            dra=True,
-            kube_api=api,
-            node_name=NODE,
-        ) as kubelet,
-        anyio.create_task_group() as tg,
-    ):
+    async with dra_cluster(short_dir) as (api, kubelet, kubelet_root), anyio.create_task_group() as tg:
         tg.start_soon(plugin.health.run)
         with anyio.fail_after(10):
             await plugin.health.wait_started()

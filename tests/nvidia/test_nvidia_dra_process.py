@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -13,27 +12,13 @@ import yaml
 from devplug.testing import FakeKubeAPI, run_dra_conformance
 from devplug_nvidia.testing import MODELS, write_root
 from tests.dra.dra_kit import notify, prepare, unprepare
+from tests.nvidia.nvidia_dra_kit import nvidia_env
 from tests.support import logged_process
 
 pytestmark = pytest.mark.anyio
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"
-_NVIDIA_ENV = (
-    "MIG_STRATEGY",
-    "CONFIG_FILE",
-    "NVIDIA_DRIVER_ROOT",
-    "DEVPLUG_FAKE_NVML",
-    "NODE_NAME",
-    "CDI_ROOT",
-    "KUBELET_REGISTRAR_DIRECTORY_PATH",
-)
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return {
-        k: v for k, v in os.environ.items() if k not in _NVIDIA_ENV and not k.startswith("DEVPLUG_")
-    } | extra
 
 
 async def test_dgx_a100_publishes_prepares_and_exits_on_sigterm(short_dir: Path) -> None:
@@ -49,7 +34,7 @@ async def test_dgx_a100_publishes_prepares_and_exits_on_sigterm(short_dir: Path)
             "--cdi-root", str(cdi),
         ]  # fmt: skip
         # The node's name as NVIDIA's DaemonSet gives it: NODE_NAME.
-        async with logged_process("devplug_nvidia", args, short_dir / "log", env=_env(NODE_NAME=NODE)):
+        async with logged_process("devplug_nvidia", args, short_dir / "log", env=nvidia_env(NODE_NAME=NODE)):
             (published,) = await api.wait_for_slices(node=NODE, driver=DRIVER, count=1, timeout=30)
             assert [d["name"] for d in published["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
             assert published["spec"]["pool"]["name"] == NODE
@@ -83,7 +68,7 @@ async def test_fake_nvml_lays_out_its_own_tree_for_mig_claims(short_dir: Path) -
             "--kubeconfig", str(api.write_kubeconfig(short_dir / "kc")), "--kubelet-root", str(kubelet),
             "--cdi-dir", str(cdi),
         ]  # fmt: skip
-        async with logged_process("devplug_nvidia", args, short_dir / "log", env=_env()):
+        async with logged_process("devplug_nvidia", args, short_dir / "log", env=nvidia_env()):
             (published,) = await api.wait_for_slices(node=NODE, driver=DRIVER, count=1, timeout=30)
             assert len(published["spec"]["devices"]) == 14
             api.add_claim("ns", "c", requests=[("mig", ["gpu-1-mig-1g5gb-0-6"])])
@@ -105,7 +90,7 @@ async def test_no_node_name_is_one_line_and_exit_2(short_dir: Path) -> None:
         sys.executable, "-m", "devplug_nvidia", "--api", "dra", "--fake-nvml", "pcie-a10",
         "--driver-root", str(root), "--kubelet-root", str(short_dir / "k"),
     ]  # fmt: skip
-    process = await anyio.run_process(command, env=_env(), check=False)
+    process = await anyio.run_process(command, env=nvidia_env(), check=False)
     assert process.returncode == 2
     assert process.stderr.decode().strip().splitlines() == [
         "devplug-nvidia: no node name: pass --node-name or set NODE_NAME "
@@ -120,5 +105,5 @@ async def test_the_dra_conformance_checks_pass_on_a_mig_machine(short_dir: Path)
         "--driver-root", str(root), "--node-name", "{node}", "--kubeconfig", "{kubeconfig}",
         "--kubelet-root", "{kubelet_root}", "--cdi-root", "{cdi_dir}",
     ]  # fmt: skip
-    report = await run_dra_conformance(command, driver=DRIVER, env=_env(), timeout=30)
+    report = await run_dra_conformance(command, driver=DRIVER, env=nvidia_env(), timeout=30)
     assert report.passed, (report.failures, report.output_tail)

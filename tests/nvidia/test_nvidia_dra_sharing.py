@@ -21,6 +21,7 @@ from devplug_nvidia import _dra_mps, _dra_sharing
 from devplug_nvidia.config import NvidiaSettings
 from devplug_nvidia.dra import NvidiaDraPlugin
 from devplug_nvidia.testing import MODELS, FakeNvml, write_root
+from tests.nvidia.nvidia_dra_kit import dra_cluster
 
 pytestmark = pytest.mark.anyio
 
@@ -108,14 +109,7 @@ async def node(model: str, short_dir: Path, gates: str = ALL_SHARING) -> AsyncIt
     nvml = FakeNvml(MODELS[model])
     plugin = NvidiaDraPlugin.discover(settings, module=nvml, sysfs=root / "sys", proc=root / "proc")
     async with (
-        FakeKubeAPI() as api,
-        FakeKubelet(
-            short_dir / "dp",
-            plugins_registry_dir=kubelet_root / "plugins_registry",
-            dra=True,
-            kube_api=api,
-            node_name=NODE,
-        ) as kubelet,
+        dra_cluster(short_dir) as (api, kubelet, kubelet_root),
         serving_dra(plugin, api, kubelet_root, node_name=NODE),
     ):
         await kubelet.wait_for_usable(DRIVER, timeout=10)

@@ -19,16 +19,15 @@ import pytest
 
 from devplug import ConfigError
 from devplug.dra import serve
-from devplug.testing import FakeKubeAPI, FakeKubelet
+from devplug.testing import FakeKubeAPI
 from devplug_nvidia._dra_health import DraHealthMonitor, MonitorTask, additional_ignored
 from devplug_nvidia.config import load_nvidia_settings
 from devplug_nvidia.dra import NvidiaDraPlugin
 from devplug_nvidia.testing import MODELS, FakeNvml, write_root
+from tests.nvidia.nvidia_dra_kit import DRIVER, NODE, dra_cluster, published_taints, wait_taints
 
 pytestmark = pytest.mark.anyio
 
-DRIVER = "gpu.nvidia.com"
-NODE = "node-a"
 XID = f"{DRIVER}/xid"
 ENV = "ADDITIONAL_XIDS_TO_IGNORE"
 
@@ -143,19 +142,10 @@ class Served:
         self.fake: FakeNvml = plugin.nvml_source.module
 
     def taints(self) -> dict[str, list[dict[str, Any]]]:
-        out: dict[str, list[dict[str, Any]]] = {}
-        for item in self.api.slices(node=NODE, driver=DRIVER):
-            for device in item["spec"].get("devices") or ():
-                out[device["name"]] = [
-                    {k: v for k, v in t.items() if k != "timeAdded"} for t in device.get("taints") or ()
-                ]
-        return out
+        return published_taints(self.api)
 
     async def wait_taints(self, predicate: Any) -> dict[str, list[dict[str, Any]]]:
-        await self.api.wait_for_slices(
-            node=NODE, driver=DRIVER, predicate=lambda _: predicate(self.taints()), timeout=10
-        )
-        return self.taints()
+        return await wait_taints(self.api, predicate)
 
     def open_event_sets(self) -> int:
         return sum(1 for s in self.fake._sets() if not s.freed)
@@ -167,18 +157,7 @@ async def served(short_dir: Path, *argv: str) -> AsyncIterator[Served]:
     process: the settings read from ``argv``, the plugin from ``from_settings``, served by
     :func:`devplug.dra.serve` (what ``devplug._main.run`` does for ``--api dra``)."""
     root = write_root(MODELS["pcie-a10"], short_dir / "root")
-    kubelet_root = short_dir / "k"
-    (kubelet_root / "plugins_registry").mkdir(parents=True)  # as the kubelet's plugin watcher does
-    async with (
-        FakeKubeAPI() as api,
-        FakeKubelet(
-            short_dir / "dp",
-            plugins_registry_dir=kubelet_root / "plugins_registry",
-            dra=True,
-            kube_api=api,
-            node_name=NODE,
-        ),
-    ):
+    async with dra_cluster(short_dir) as (api, _kubelet, kubelet_root):
         api.add_node(NODE)
         settings = load_nvidia_settings(
             [
