@@ -110,10 +110,18 @@ def cdi_root() -> Path:
     return Path(tempfile.mkdtemp(prefix="dpb-cdi-", dir=base))
 
 
+def kubelet_root(root: Path) -> Path:
+    """``root`` with the plugin watcher's ``plugins_registry`` in it, made as the kubelet makes it
+    (a driver waits for that directory and never creates it)."""
+    (root / "plugins_registry").mkdir(parents=True, exist_ok=True)
+    return root
+
+
 def driver_command(
     root: Path, kubeconfig: Path, cdi_dir: Path, *extra: str, timings: Path | None = None
 ) -> list[str]:
     """``devplug-fake --api dra``; through bench/dra_driver.py when its pieces are timed or profiled."""
+    kubelet_root(root)
     args = [
         "--api", "dra", "--driver-name", DRIVER, "--node-name", NODE,
         "--kubeconfig", str(kubeconfig), "--kubelet-root", str(root), "--cdi-dir", str(cdi_dir),

@@ -915,13 +915,13 @@ def render_nvidia_dra(results: dict[str, Any], misses: list[str]) -> list[str]:
         pieces = bd.get(key)
         if not pieces:
             continue
+        emitter = "libyaml" if pieces["libyaml"] else "PyYAML's pure-Python emitter"
+        same = "the same text" if pieces["python_dumper_same_text"] else "**a different text**"
         text = (
             f"claim spec {pieces['claim_spec']:.2f} ms: built {pieces['build']:.2f} ms, written as YAML "
-            f"(`yaml.safe_dump`) {pieces['yaml_safe_dump']:.2f} ms, {pieces['spec_bytes']:,} B"
+            f"({emitter}) {pieces['spec_yaml']:.2f} ms, {pieces['spec_bytes']:,} B; PyYAML's pure-Python "
+            f"emitter {pieces['yaml_python_dumper']:.2f} ms ({same})"
         )
-        if "yaml_c_dumper" in pieces:
-            same = "the same text" if pieces["c_dumper_same_text"] else "**a different text**"
-            text += f"; libyaml's `CSafeDumper` {pieces['yaml_c_dumper']:.2f} ms ({same})"
         label = f"{shape['label']}: the claim spec in one process (p50)"
         values.append(f"| {label} | {text} | {bd['runs']} | none set | — |")
     when = f"{d['date']}" + (" (**quick run**)" if d.get("quick") else "")
@@ -956,25 +956,23 @@ def explain_nvidia_dra(results: dict[str, Any], misses: list[str]) -> list[str]:
     note = (
         f"- **devplug-nvidia DRA prepare p50 ≤ {d['prepare']['target_p50_ms']:g} ms** is missed "
         f"({', '.join(m.removeprefix('nvidia_dra_prepare_') for m in missed)}): one GPU on dgx-a100 "
-        f"takes p50 {one:.2f} ms, devplug-fake's one device {fake_1:.2f} ms in the same run. The "
-        "difference is the claim's CDI spec, built and written in a worker thread "
+        f"takes p50 {one:.2f} ms, devplug-fake's one device {fake_1:.2f} ms in the same run. Part of "
+        "the difference is the claim's CDI spec, built and written in a worker thread "
         "(devplug_nvidia/dra.py:NvidiaDraPlugin.claim_spec): "
-        f"{pieces['claim_spec']:.2f} ms in one process, of which "
-        f"{pieces['yaml_safe_dump']:.2f} ms is PyYAML's pure-Python emitter writing the "
-        f"{pieces['spec_bytes']:,}-byte spec (devplug_nvidia/_dra_cdi.py:spec_yaml, `yaml.safe_dump`: the "
-        "driver's library mounts and hooks make it long) and "
-        f"{pieces['build']:.2f} ms building it (cProfile of the driver, taken when this benchmark was "
-        "written, shows the event loop's side as the claim GET and gRPC, as for devplug-fake; the "
-        "thread's work does not show there)."
+        f"{pieces['claim_spec']:.2f} ms in one process, of which {pieces['build']:.2f} ms builds it "
+        f"and {pieces['spec_yaml']:.2f} ms writes the {pieces['spec_bytes']:,}-byte spec "
+        "(devplug_nvidia/_dra_cdi.py:spec_yaml: the driver's library mounts and hooks make it long)"
     )
-    if "yaml_c_dumper" in pieces:
+    if "yaml_python_dumper" in pieces:
+        emitter = "libyaml's emitter" if pieces["libyaml"] else "the pure-Python emitter (no libyaml here)"
         note += (
-            f" libyaml's `yaml.CSafeDumper` writes the same spec in {pieces['yaml_c_dumper']:.2f} ms"
-            + (" with byte-identical text" if pieces["c_dumper_same_text"] else "")
-            + ", which would bring devplug-nvidia's prepare close to devplug-fake's; what remains is "
-            "devplug-fake's own prepare, above this target on this shared 2-core machine (see the DRA "
-            "prepare note above: the claim GET through FakeKubeAPI and the fsynced checkpoint)."
+            f" with {emitter}; PyYAML's pure-Python emitter takes {pieces['yaml_python_dumper']:.2f} ms"
+            + (" for the same text" if pieces["python_dumper_same_text"] else "")
         )
+    note += (
+        ". What remains is devplug-fake's own prepare, above this target on this shared 2-core machine "
+        "(see the DRA prepare note above: the claim GET through FakeKubeAPI and the fsynced checkpoint)."
+    )
     return [note]
 
 
