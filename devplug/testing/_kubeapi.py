@@ -67,7 +67,7 @@ class FakeKubeAPI(KubeAPIHelpers):
     attributes (dropped) are kept; the ``spec.pool.name`` field selector (1.37) is served;
     ResourceClaims are validated for metadata, spec immutability and status rules only;
     :meth:`allocate_claim` evaluates no CEL selectors or device classes. The DRADeviceTaints
-    feature gate is ``device_taints``.
+    feature gate is ``device_taints``, DRAPartitionableDevices ``partitionable_devices``.
 
     Attributes:
         requests: every answered request as a :class:`RecordedRequest`.
@@ -81,6 +81,7 @@ class FakeKubeAPI(KubeAPIHelpers):
         self,
         *,
         device_taints: bool = True,
+        partitionable_devices: bool = True,
         event_history: int = 1000,
         user: str = "system:serviceaccount:kube-system:dra-driver",
     ) -> None:
@@ -89,11 +90,23 @@ class FakeKubeAPI(KubeAPIHelpers):
         Args:
             device_taints: the DRADeviceTaints feature gate; when off, device ``taints`` are
                 silently dropped from written slices.
+            partitionable_devices: the DRAPartitionableDevices feature gate (on by default from
+                Kubernetes 1.36); when off, written slices silently lose ``sharedCounters`` and
+                ``perDeviceNodeSelection``, and their devices ``consumesCounters``, ``nodeName``,
+                ``nodeSelector`` and ``allNodes`` (an update keeps them where the stored slice
+                uses one), before validation: a slice that named its nodes only through
+                ``perDeviceNodeSelection`` is refused (422, no node selection), one that held
+                only counter sets is stored empty.
             event_history: how many writes a watch can replay (older resourceVersions: 410).
             user: the user named in injected 403 answers.
         """
         super().__init__()
-        self._store = Store(KINDS, history=event_history, device_taints=device_taints)
+        self._store = Store(
+            KINDS,
+            history=event_history,
+            device_taints=device_taints,
+            partitionable_devices=partitionable_devices,
+        )
         self._server = HTTPServer(self._handle)
         self._started = False
         self._delay = 0.0

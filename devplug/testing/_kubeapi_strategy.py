@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 
 # Alpha list-valued attributes (DRAListTypeAttributes, 1.36): off by default, so dropped.
 LIST_ATTRIBUTE_FIELDS = ("bools", "ints", "strings", "versions")
+# What the DRAPartitionableDevices gate governs (alpha, off by default before 1.36), in the
+# spec and in each device.
+PARTITIONABLE_SPEC_FIELDS = ("sharedCounters", "perDeviceNodeSelection")
+PARTITIONABLE_DEVICE_FIELDS = ("consumesCounters", "nodeName", "nodeSelector", "allNodes")
 
 
 def decode_body(kind: Kind, body: Any, *, strict: bool) -> list[str]:
@@ -67,16 +71,24 @@ def validate(kind: Kind, new: dict[str, Any], old: dict[str, Any] | None, subres
         raise invalid_object(kind.names, new["metadata"].get("name", ""), errors)
 
 
-def prepare_create(kind: Kind, body: dict[str, Any], *, device_taints: bool) -> None:
+def prepare_create(
+    kind: Kind, body: dict[str, Any], *, device_taints: bool, partitionable_devices: bool = True
+) -> None:
     """PrepareForCreate: a new claim has no status; a slice loses the fields a default server drops."""
     if kind.plural == "resourceclaims":
         body.pop("status", None)
     if kind.plural == "resourceslices":
-        drop_disabled_fields(body, device_taints=device_taints)
+        drop_disabled_fields(body, device_taints=device_taints, partitionable_devices=partitionable_devices)
 
 
 def prepare_update(
-    kind: Kind, new: dict[str, Any], old: dict[str, Any], subresource: str, *, device_taints: bool
+    kind: Kind,
+    new: dict[str, Any],
+    old: dict[str, Any],
+    subresource: str,
+    *,
+    device_taints: bool,
+    partitionable_devices: bool = True,
 ) -> dict[str, Any]:
     """PrepareForUpdate: what an update keeps from the stored object, and the generation."""
     meta, old_meta = new["metadata"], old["metadata"]
@@ -97,10 +109,14 @@ def prepare_update(
         new.pop("status", None)
         if "status" in old:
             new["status"] = copy.deepcopy(old["status"])
-    if kind.plural == "resourceslices":
-        drop_disabled_fields(new, device_taints=device_taints)
+    # The generation follows the spec as sent, before the disabled fields are dropped (as the
+    # registry does): re-sending a dropped field counts as a change.
     if kind.tracks_generation and new.get("spec") != old.get("spec"):
         meta["generation"] = old_meta.get("generation", 0) + 1
+    if kind.plural == "resourceslices":
+        drop_disabled_fields(
+            new, old, device_taints=device_taints, partitionable_devices=partitionable_devices
+        )
     return new
 
 
@@ -121,14 +137,46 @@ def decode_errors(obj: dict[str, Any]) -> list[str]:
     return [QUANTITY_ERROR for v in values if v is not None and not is_quantity(v)][:1]
 
 
-def drop_disabled_fields(obj: dict[str, Any], *, device_taints: bool) -> None:
-    """Remove what a default API server drops on write: list attributes; taints without DRADeviceTaints."""
-    for device in (obj.get("spec") or {}).get("devices") or []:
+def drop_disabled_fields(
+    obj: dict[str, Any],
+    old: dict[str, Any] | None = None,
+    *,
+    device_taints: bool,
+    partitionable_devices: bool = True,
+) -> None:
+    """Remove what a default API server drops on write: list attributes; taints without
+    DRADeviceTaints; without DRAPartitionableDevices, ``sharedCounters``,
+    ``perDeviceNodeSelection`` and the devices' ``consumesCounters``, ``nodeName``,
+    ``nodeSelector`` and ``allNodes``, unless the stored object ``old`` (an update) already
+    uses one of them."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return
+    drop_partitionable = not partitionable_devices and not partitionable_in_use(old)
+    if drop_partitionable:
+        for key in PARTITIONABLE_SPEC_FIELDS:
+            spec.pop(key, None)
+    for device in spec.get("devices") or []:
         if not isinstance(device, dict):
             continue
         if not device_taints:
             device.pop("taints", None)
+        if drop_partitionable:
+            for key in PARTITIONABLE_DEVICE_FIELDS:
+                device.pop(key, None)
         for attribute in (device.get("attributes") or {}).values():
             if isinstance(attribute, dict):
                 for key in LIST_ATTRIBUTE_FIELDS:
                     attribute.pop(key, None)
+
+
+def partitionable_in_use(obj: dict[str, Any] | None) -> bool:
+    """Whether a stored slice uses a DRAPartitionableDevices field (an update then keeps them all)."""
+    spec = (obj or {}).get("spec") or {}
+    if spec.get("sharedCounters") or spec.get("perDeviceNodeSelection") is not None:
+        return True
+    return any(
+        d.get("consumesCounters") or any(d.get(k) is not None for k in PARTITIONABLE_DEVICE_FIELDS[1:])
+        for d in spec.get("devices") or []
+        if isinstance(d, dict)
+    )
