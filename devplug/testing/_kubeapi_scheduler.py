@@ -6,11 +6,22 @@ generation); a pool with a device name twice is invalid. A device allocated to a
 (without adminAccess) or carrying a NoSchedule or NoExecute taint is never chosen. Devices are
 chosen first fit, in slice-name then device order (the order the Go helper's indexed slice names
 make the allocation priority). CEL selectors and device classes are not evaluated.
+
+Shared counters (DRAPartitionableDevices, Kubernetes 1.35's shape): the counter sets of a pool
+are the ``sharedCounters`` of all its current slices; a set name twice, or a device consuming
+from a set or a counter the pool does not have, makes the pool invalid (as the scheduler's pool
+gathering does). What is left of a counter is its value less what the pool's devices allocated
+to other claims consume (adminAccess results consume nothing); a device that consumes counters
+is chosen only if what the devices chosen so far for this claim consume, with it, stays within
+what is left of every counter of its pool (adminAccess picks of this claim are counted too, as
+the allocator counts them). Quantities are compared exactly.
 """
 
 from __future__ import annotations
 
 import copy
+import re
+from decimal import Context, Decimal, localcontext
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -18,19 +29,90 @@ if TYPE_CHECKING:
 
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 
+# resource.Quantity: a decimal number and at most one suffix (binary SI, decimal SI or exponent).
+_QUANTITY = re.compile(
+    r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?"
+)
+_BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
 
 class AllocationError(Exception):
     """``FakeKubeAPI.allocate_claim`` cannot allocate the claim as the scheduler would."""
 
 
-def _pools(store: Store, node: str, driver: str) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
-    """The usable pools (name → current slices) and why the others are not usable."""
+def quantity(value: object) -> Decimal:
+    """A ``resource.Quantity`` (JSON string or number) as an exact number: ``1Gi`` == ``1024Mi``.
+
+    Raises:
+        ValueError: not a quantity.
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return Decimal(str(value))
+    match = _QUANTITY.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(f"{value!r} is not a quantity")
+    number, suffix = Decimal(match[1]), match[2] or ""
+    with localcontext(Context(prec=200)):  # exact for every quantity the API server stores
+        if suffix in _BINARY:
+            return number * (1 << _BINARY[suffix])
+        if len(suffix) > 1:  # an exponent: 1e3, 5E-2
+            return number.scaleb(int(suffix[1:]))
+        return number.scaleb(_DECIMAL.get(suffix, 0))
+
+
+_Key = tuple[str, str, str]  # (pool, counter set, counter)
+
+
+def _counter_sets(pool: str, slices: list[dict[str, Any]]) -> dict[_Key, Decimal]:
+    """The pool's counters and their values.
+
+    Raises:
+        ValueError: what makes the pool invalid (the allocator's words).
+    """
+    values: dict[_Key, Decimal] = {}
+    sets: set[str] = set()
+    for s in slices:
+        for counter_set in s["spec"].get("sharedCounters") or []:
+            name = counter_set["name"]
+            if name in sets:
+                raise ValueError(f"duplicate counter set name {name}")
+            sets.add(name)
+            for counter, c in (counter_set.get("counters") or {}).items():
+                values[(pool, name, counter)] = quantity(c.get("value"))
+    for s in slices:
+        for d in s["spec"].get("devices") or []:
+            for consumption in d.get("consumesCounters") or []:
+                name = consumption["counterSet"]
+                if name not in sets:
+                    raise ValueError(f"counter set {name} not found")
+                for counter, c in (consumption.get("counters") or {}).items():
+                    if (pool, name, counter) not in values:
+                        raise ValueError(f"counter {counter} not found in counter set {name}")
+                    quantity(c.get("value"))
+    return values
+
+
+def _consumption(pool: str, device: dict[str, Any]) -> list[tuple[_Key, Decimal]]:
+    """What the device takes from its pool's counters while allocated."""
+    return [
+        ((pool, consumption["counterSet"], counter), quantity(c.get("value")))
+        for consumption in device.get("consumesCounters") or []
+        for counter, c in (consumption.get("counters") or {}).items()
+    ]
+
+
+def _pools(
+    store: Store, node: str, driver: str
+) -> tuple[dict[str, list[dict[str, Any]]], dict[_Key, Decimal], list[str]]:
+    """The usable pools (name → current slices), their counters and why the others are not usable."""
     by_pool: dict[str, list[dict[str, Any]]] = {}
     for s in store.items(store.kinds["resourceslices"]):
         spec = s["spec"]
         if spec.get("driver") == driver and spec.get("nodeName") == node:
             by_pool.setdefault(spec["pool"]["name"], []).append(s)
     usable: dict[str, list[dict[str, Any]]] = {}
+    counters: dict[_Key, Decimal] = {}
     problems: list[str] = []
     for name, slices in sorted(by_pool.items()):
         generation = max(s["spec"]["pool"].get("generation", 0) for s in slices)
@@ -47,8 +129,13 @@ def _pools(store: Store, node: str, driver: str) -> tuple[dict[str, list[dict[st
         if len(names) != len(set(names)):
             problems.append(f"pool {name} is invalid: a device name appears twice at generation {generation}")
             continue
+        try:
+            counters.update(_counter_sets(name, current))
+        except ValueError as exc:
+            problems.append(f"pool {name} is invalid: {exc}")
+            continue
         usable[name] = current
-    return usable, problems
+    return usable, counters, problems
 
 
 def _taken(store: Store, skip_uid: str) -> dict[tuple[str, str, str], str]:
@@ -93,7 +180,7 @@ class _Allocator:
         meta = claim["metadata"]
         self.where = f"claim {meta['namespace']}/{meta['name']} on node {node} for driver {driver}"
         self.driver = driver
-        pools, self.problems = _pools(store, node, driver)
+        pools, self.left, self.problems = _pools(store, node, driver)
         if not pools:
             why = "; ".join(self.problems) or f"no ResourceSlice of driver {driver} for node {node}"
             raise AllocationError(f"cannot allocate {self.where}: {why}")
@@ -102,12 +189,42 @@ class _Allocator:
             (p, d) for p, slices in pools.items() for s in slices for d in s["spec"].get("devices") or []
         ]
         self.used: set[tuple[str, str]] = set()
+        # What is left of each counter once the other claims' devices took theirs (it may go
+        # below zero if the slices changed under an allocation: then nothing more fits).
+        for pool, device in self.candidates:
+            if (driver, pool, device["name"]) in self.taken:
+                for key, value in _consumption(pool, device):
+                    self.left[key] -= value
+        self.using: dict[_Key, Decimal] = dict.fromkeys(self.left, Decimal(0))
+
+    def take(self, pool: str, device: dict[str, Any]) -> None:
+        """Count the device's consumption as this claim's."""
+        for key, value in _consumption(pool, device):
+            self.using[key] += value
+
+    def exhausted(self, pool: str, device: dict[str, Any]) -> str | None:
+        """The counter that taking this device too would overdraw, as ``counter set S: C``."""
+        wanted = _consumption(pool, device)
+        if not wanted:
+            return None
+        using = dict(self.using)
+        for key, value in wanted:
+            using[key] += value
+        # The device's own counters first (the message names one of them), then the pool's others.
+        keys = [k for k, _ in wanted] + [k for k in self.left if k[0] == pool]
+        for key in keys:
+            if using[key] > self.left[key]:
+                return f"counter set {key[1]}: {key[2]} exhausted"
+        return None
 
     def refusal(self, pool: str, device: dict[str, Any], admin: bool) -> str | None:
         """Why the scheduler would not pick this device, if it would not."""
         owner = self.taken.get((self.driver, pool, device["name"]))
         if owner is not None and not admin:
             return f"device {device['name']} is allocated to claim {owner}"
+        counter = self.exhausted(pool, device)
+        if counter is not None:
+            return f"device {device['name']}: {counter}"
         for t in device.get("taints") or []:
             if t.get("effect") in _BLOCKING_EFFECTS:
                 return (
@@ -127,6 +244,7 @@ class _Allocator:
                 refusals[device["name"]] = why
             elif not isinstance(need, int) or len(chosen) < need:
                 chosen.append((pool, device["name"]))
+                self.take(pool, device)
         if isinstance(need, list):
             for name in need:
                 if name not in refusals and name not in {d for _, d in chosen}:
