@@ -174,6 +174,7 @@ class DraDriver:
                 "in_sync": publisher.in_sync if publisher else False,
                 "count": publisher.slices if publisher else 0,
                 "taints_supported": publisher.taints_supported if publisher else None,
+                "counters_supported": publisher.counters_supported if publisher else None,
                 "last_error": publisher.last_error if publisher else None,
             },
             "prepared_claims": sorted(

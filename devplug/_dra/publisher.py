@@ -37,6 +37,7 @@ from devplug._dra.slices import (
 if TYPE_CHECKING:
     from devplug._dra.inventory import Inventory, Snapshot
     from devplug._dra.kube import Kube
+    from devplug.models import CounterSet
 
 RESYNC = 60.0
 """Seconds between reconciles when nothing happens (a missed event cannot outlive this)."""
@@ -59,9 +60,12 @@ class SlicePublisher:
         self._pool: Pool | None = None
         self._generation = 0
         self._settle = False
-        self._wanted_cache: tuple[tuple[int, bool, bool], list[list[dict[str, Any]]]] | None = None
+        self._wanted_cache: tuple[tuple[int, bool, bool, bool], list[list[dict[str, Any]]]] | None = None
         self.taints_supported = True
         """False once the API server has dropped a device taint: unhealthy devices are left out."""
+        self.counters_supported = True
+        """False once the API server has dropped shared counters (DRAPartitionableDevices off):
+        counter sets and the devices that consume counters are left out."""
         self.effect_none_supported = True
         """False once the API server has refused a taint of effect ``None`` (Kubernetes 1.34):
         such taints are left out."""
@@ -173,20 +177,26 @@ class SlicePublisher:
             backoff.reset()
 
     def _wanted(self, snapshot: Snapshot) -> list[list[dict[str, Any]]]:
-        """The slices' device lists for ``snapshot`` (built once per version and taint mode)."""
-        key = (snapshot.version, self.taints_supported, self.effect_none_supported)
+        """The slices' device lists for ``snapshot`` (built once per version and server mode)."""
+        key = (snapshot.version, self.taints_supported, self.effect_none_supported, self.counters_supported)
         if self._wanted_cache is not None and self._wanted_cache[0] == key:
             return self._wanted_cache[1]
         devices = []
-        sets, conflicts = declared_counter_sets(e.device for e in snapshot.entries)
-        for name in conflicts:
-            self._log.error(
-                "counter_set_conflict", counter_set=name, note="declared differently; the first kept"
-            )
+        sets: list[CounterSet] = []
+        if self.counters_supported:
+            sets, conflicts = declared_counter_sets(e.device for e in snapshot.entries)
+            for name in conflicts:
+                self._log.error(
+                    "counter_set_conflict", counter_set=name, note="declared differently; the first kept"
+                )
         by_name = {s.name: s for s in sets}
         for entry in snapshot.entries:
             if not self.taints_supported and not schedulable(entry.device):
                 continue  # no taints on this server: an unhealthy device is not offered at all
+            if not self.counters_supported and entry.device.consumes_counters:
+                # Offered without its counters, a partition could be allocated to one claim and
+                # a partition overlapping it to another: it is not offered at all.
+                continue
             problem = consumption_problem(entry.device, by_name)
             if problem is not None:
                 self._log.error("device_not_published", device=entry.device.id, error=problem)
@@ -250,6 +260,7 @@ class SlicePublisher:
                         stored = await call(obj)
                         self._cache[stored["metadata"]["name"]] = stored
                         self._check_taints(obj, stored)
+                        self._check_counters(obj, stored)
                     self.writes[verb] += 1
                 except KubeError as exc:
                     if exc.status == 404 and verb != "create":
@@ -282,6 +293,24 @@ class SlicePublisher:
                 "device_taints_dropped",
                 note="the API server drops device taints (DRADeviceTaints off): unhealthy devices "
                 "are left out of the slices instead",
+            )
+            self._mark()
+
+    def _check_counters(self, sent: dict[str, Any], stored: dict[str, Any]) -> None:
+        if not self.counters_supported:
+            return
+        spec, kept = sent["spec"], stored.get("spec") or {}
+        dropped = bool(spec.get("sharedCounters")) and not kept.get("sharedCounters")
+        if not dropped and any(d.get("consumesCounters") for d in spec.get("devices") or ()):
+            dropped = not any(d.get("consumesCounters") for d in kept.get("devices") or ())
+        if dropped:
+            self.counters_supported = False
+            self._log.warning(
+                "shared_counters_dropped",
+                note="the API server drops shared counters (DRAPartitionableDevices off): counter "
+                "sets and the devices that consume counters are left out of the slices; enable the "
+                "DRAPartitionableDevices feature (on by default from Kubernetes 1.36) and restart "
+                "the driver to publish them",
             )
             self._mark()
 
