@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from devplug.errors import KubeletError
-from devplug.testing import FakeKubeAPI, FakeKubelet, serving_dra
+from devplug.testing import AllocationError, FakeKubeAPI, FakeKubelet, serving_dra
 from devplug_nvidia.config import NvidiaSettings
 from devplug_nvidia.dra import NvidiaDraPlugin
 from devplug_nvidia.testing import MODELS, FakeNvml, write_root
@@ -86,8 +86,8 @@ def _check_slices(
     return sets, devices
 
 
-# The GPU and compute instances of GPU ``EMPTY``: ``["gi<G>", "gi<G>/ci<C>", ...]``.
-Instances = Callable[[], list[str]]
+# The GPU and compute instances of a GPU: ``["gi<G>", "gi<G>/ci<C>", ...]``.
+Instances = Callable[[int], list[str]]
 
 
 def _capabilities(root: Path, gpu: int = EMPTY) -> list[str]:
@@ -107,7 +107,8 @@ def _held(fake: FakeNvml, gpu: int = EMPTY) -> list[str]:
 async def _scenario(
     api: FakeKubeAPI, kubelet: FakeKubelet, cdi: Path, state: Path, instances: Instances
 ) -> None:
-    """Publish, prepare, refuse an overlapping placement, unprepare (the driver is up)."""
+    """Publish, prepare, refuse an overlapping placement (the scheduler) and an occupied one (the
+    driver), unprepare (the driver is up)."""
     await kubelet.wait_for_usable(DRIVER, timeout=30)
     # GPUs 0-3: 28 MIG devices each (7 1g.5gb, 7 1g.5gb+me, 7 1g.10gb, 3 2g, 2 3g, 1 4g, 1 7g);
     # GPU 4 whole: 113 devices in 64 + 49, after one slice of the 4 counter sets.
@@ -149,7 +150,7 @@ async def _scenario(
         }
     ]
     assert "consumesCounters" not in devices["gpu-4"]
-    assert instances() == []
+    assert instances(EMPTY) == []
 
     # One 2g.10gb at memory slices 2-3 of the empty GPU: created at prepare.
     api.add_claim("ns", "first", requests=[("mig", ["gpu-3-mig-2g10gb-1-2"])])
@@ -158,7 +159,7 @@ async def _scenario(
     assert [(d.device, d.cdi_device_ids) for d in results[first].devices] == [
         ("gpu-3-mig-2g10gb-1-2", (f"{CDI_KIND}={first}-gpu-3-mig-2g10gb-1-2",))
     ]
-    made = instances()
+    made = instances(EMPTY)
     assert len(made) == 2 and made[1] == f"{made[0]}/ci0"  # one GPU instance, its compute instance
     gi = int(made[0].removeprefix("gi"))
     spec = yaml.safe_load((cdi / f"k8s.gpu.nvidia.com-claim_{first}.yaml").read_text())
@@ -175,25 +176,37 @@ async def _scenario(
     )
     assert created["uuid"].startswith("MIG-")
 
-    # A 1g.5gb at memory slice 3 overlaps it. FakeKubeAPI's allocator does not count counters,
-    # so the claim is allocated (as when the scheduler's view is stale); the driver refuses it
-    # and leaves nothing behind.
-    api.add_claim("ns", "second", requests=[("mig", ["gpu-3-mig-1g5gb-0-3"])])
+    # A 1g.5gb at memory slice 3 overlaps it: the scheduler counts the counters the allocated
+    # 2g.10gb consumes and does not allocate it.
+    api.add_claim("ns", "overlap", requests=[("mig", ["gpu-3-mig-1g5gb-0-3"])])
+    with pytest.raises(AllocationError) as overlap:
+        api.allocate_claim("ns", "overlap", node=NODE, driver=DRIVER)
+    assert str(overlap.value).endswith(
+        "device gpu-3-mig-1g5gb-0-3: counter set gpu-3-counter-set: memory-slice-3 exhausted"
+    )
+
+    # What the scheduler cannot see: GPU 0's seven 1g.5gb instances, made outside any claim before
+    # the driver started, hold every memory slice. A claim for a placement there is allocated; the
+    # driver refuses it (NVML's Insufficient Resources) and leaves nothing behind.
+    held = instances(0)
+    assert len(held) == 14  # seven GPU instances, a compute instance each
+    api.add_claim("ns", "second", requests=[("mig", ["gpu-0-mig-1g5gb-0-0"])])
     second = api.allocate_claim("ns", "second", node=NODE, driver=DRIVER)["metadata"]["uid"]
     with pytest.raises(KubeletError) as refused:
         await kubelet.prepare(DRIVER, [("ns", "second", second)])
     assert str(refused.value).endswith(
-        "prepare of claim ns/second failed: gpu-3-mig-1g5gb-0-3: creating the GPU instance failed: "
+        "prepare of claim ns/second failed: gpu-0-mig-1g5gb-0-0: creating the GPU instance failed: "
         "nvmlDeviceCreateGpuInstanceWithPlacement failed: Insufficient Resources (NVML error 23)"
     )
     assert not (cdi / f"k8s.gpu.nvidia.com-claim_{second}.yaml").exists()
     assert not (state / f"{second}.json").exists()
-    assert instances() == made
+    assert instances(EMPTY) == made
+    assert instances(0) == held
     await kubelet.unprepare(DRIVER, [("ns", "second", second)])  # nothing to undo: no error
 
     # Unprepare destroys the instance and removes the spec.
     await kubelet.unprepare(DRIVER, [("ns", "first", first)])
-    assert instances() == []
+    assert instances(EMPTY) == []
     assert not (state / f"{first}.json").exists()
     assert list(cdi.iterdir()) == []
     assert _slice_writes_refused(api) == []
@@ -220,7 +233,7 @@ async def test_the_driver_process_creates_and_destroys_mig_devices_for_claims(sh
         ]  # fmt: skip
         async with logged_process("devplug_nvidia", args, short_dir / "log", env=nvidia_env(NODE_NAME=NODE)):
             state = kubelet_root / "plugins" / DRIVER / "dynamic-mig"
-            await _scenario(api, kubelet, cdi, state, lambda: _capabilities(root))
+            await _scenario(api, kubelet, cdi, state, lambda gpu: _capabilities(root, gpu))
         # SIGTERM ended it with status 0 (logged_process checks); the sockets are gone.
         assert list(registry.iterdir()) == []
         assert not (kubelet_root / "plugins" / DRIVER / "dra.sock").exists()
@@ -250,7 +263,7 @@ async def test_in_process_the_fake_nvml_holds_the_claims_instance(short_dir: Pat
         serving_dra(plugin, api, kubelet_root, node_name=NODE) as driver,
     ):
         state = settings.dra_plugins_dir / DRIVER / "dynamic-mig"
-        await _scenario(api, kubelet, kubelet_root / "cdi", state, lambda: _held(fake))
+        await _scenario(api, kubelet, kubelet_root / "cdi", state, lambda gpu: _held(fake, gpu))
         assert _capabilities(root) == []  # and what the driver shows agrees
     assert not driver.dra_socket.exists()
     assert list(registry.iterdir()) == []
