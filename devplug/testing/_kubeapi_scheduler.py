@@ -14,7 +14,10 @@ gathering does). What is left of a counter is its value less what the pool's dev
 to other claims consume (adminAccess results consume nothing); a device that consumes counters
 is chosen only if what the devices chosen so far for this claim consume, with it, stays within
 what is left of every counter of its pool (adminAccess picks of this claim are counted too, as
-the allocator counts them). Quantities are compared exactly.
+the allocator counts them). Quantities are compared exactly. Where first fit cannot complete
+the claim for counters, the allocator's backtracking search is run (the same first choice when
+there is one; it gives up after looking at :data:`SEARCH_LIMIT` devices, and first fit's refusal
+is raised).
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ _QUANTITY = re.compile(
 )
 _BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+# How many devices the backtracking search may look at before it gives up (the scheduler's
+# filter has a time limit instead).
+SEARCH_LIMIT = 100_000
 
 
 class AllocationError(Exception):
@@ -191,31 +197,36 @@ class _Allocator:
         self.used: set[tuple[str, str]] = set()
         # What is left of each counter once the other claims' devices took theirs (it may go
         # below zero if the slices changed under an allocation: then nothing more fits).
+        self.consumes: dict[tuple[str, str], dict[_Key, Decimal]] = {}
         for pool, device in self.candidates:
+            consumes = self.consumes.setdefault((pool, device["name"]), {})
+            for key, value in _consumption(pool, device):
+                consumes[key] = consumes.get(key, Decimal(0)) + value
             if (driver, pool, device["name"]) in self.taken:
-                for key, value in _consumption(pool, device):
+                for key, value in consumes.items():
                     self.left[key] -= value
+        # The allocator checks every counter of the pool: one overdrawn already refuses them all.
+        self.overdrawn = {key[0]: key for key, value in reversed(self.left.items()) if value < 0}
         self.using: dict[_Key, Decimal] = dict.fromkeys(self.left, Decimal(0))
+        self.tries = SEARCH_LIMIT
 
-    def take(self, pool: str, device: dict[str, Any]) -> None:
-        """Count the device's consumption as this claim's."""
-        for key, value in _consumption(pool, device):
-            self.using[key] += value
+    def take(self, pool: str, device: dict[str, Any], sign: int = 1) -> None:
+        """Count the device's consumption as this claim's (``sign`` -1: no longer)."""
+        for key, value in self.consumes[(pool, device["name"])].items():
+            self.using[key] += sign * value
 
     def exhausted(self, pool: str, device: dict[str, Any]) -> str | None:
         """The counter that taking this device too would overdraw, as ``counter set S: C``."""
-        wanted = _consumption(pool, device)
+        wanted = self.consumes[(pool, device["name"])]
         if not wanted:
             return None
-        using = dict(self.using)
-        for key, value in wanted:
-            using[key] += value
-        # The device's own counters first (the message names one of them), then the pool's others.
-        keys = [k for k, _ in wanted] + [k for k in self.left if k[0] == pool]
-        for key in keys:
-            if using[key] > self.left[key]:
+        # The device's own counters first (the message names one of them), then the pool's others
+        # (the picks so far stay within every counter that was not overdrawn already).
+        for key, value in wanted.items():
+            if self.using[key] + value > self.left[key]:
                 return f"counter set {key[1]}: {key[2]} exhausted"
-        return None
+        over = self.overdrawn.get(pool)
+        return None if over is None else f"counter set {over[1]}: {over[2]} exhausted"
 
     def refusal(self, pool: str, device: dict[str, Any], admin: bool) -> str | None:
         """Why the scheduler would not pick this device, if it would not."""
@@ -265,6 +276,10 @@ class _Allocator:
                 f"cannot allocate {self.where}: request {request} needs {wanted}, {len(chosen)} usable: {why}"
             )
         self.used.update(chosen)
+        return self.results(request, chosen, admin)
+
+    def results(self, request: str, chosen: list[tuple[str, str]], admin: bool) -> list[dict[str, Any]]:
+        """``status.allocation.devices.results`` entries for a request's devices."""
         results: list[dict[str, Any]] = []
         for pool, device_name in chosen:
             result: dict[str, Any] = {
@@ -277,6 +292,66 @@ class _Allocator:
                 result["adminAccess"] = True
             results.append(result)
         return results
+
+    def search(self, plan: list[tuple[str, Any, bool]]) -> list[dict[str, Any]] | None:
+        """The results the allocator's backtracking search finds first, or None (none, or it gave up).
+
+        Devices are tried in first-fit order and each request's in that order (a set of devices
+        fits the counters or not whatever the order), so the first complete choice is the
+        scheduler's, and first fit's whenever first fit completes.
+        """
+        steps: list[tuple[str, bool, list[tuple[str, dict[str, Any]]], int]] = []
+        for request, need, admin in plan:
+            eligible = [
+                (pool, d)
+                for pool, d in self.candidates
+                if not (isinstance(need, list) and d["name"] not in need)
+                and (admin or (self.driver, pool, d["name"]) not in self.taken)
+                and not any(t.get("effect") in _BLOCKING_EFFECTS for t in d.get("taints") or [])
+            ]
+            if need == "All" and (self.problems or len(eligible) < len(self.candidates)):
+                return None
+            count = len(self.candidates) if need == "All" else len(need) if isinstance(need, list) else need
+            steps.append((request, admin, eligible, count))
+        picks: list[list[tuple[str, str]]] = [[] for _ in steps]
+        if not self._fill(steps, picks, 0, 0):
+            return None
+        return [
+            r
+            for (request, admin, _, _), chosen in zip(steps, picks, strict=True)
+            for r in self.results(request, chosen, admin)
+        ]
+
+    def _fill(
+        self,
+        steps: list[tuple[str, bool, list[tuple[str, dict[str, Any]]], int]],
+        picks: list[list[tuple[str, str]]],
+        step: int,
+        start: int,
+    ) -> bool:
+        """Complete ``picks`` from step ``step``, its next device at ``start`` or later."""
+        if step == len(steps):
+            return True
+        _, _, eligible, count = steps[step]
+        if len(picks[step]) == count:
+            return self._fill(steps, picks, step + 1, 0)
+        for i in range(start, len(eligible) - (count - len(picks[step])) + 1):
+            self.tries -= 1
+            if self.tries < 0:
+                return False
+            pool, device = eligible[i]
+            key = (pool, device["name"])
+            if key in self.used or self.exhausted(pool, device) is not None:
+                continue
+            self.used.add(key)
+            self.take(pool, device)
+            picks[step].append(key)
+            if self._fill(steps, picks, step, i + 1):
+                return True
+            picks[step].pop()
+            self.used.discard(key)
+            self.take(pool, device, -1)
+        return False
 
 
 def allocate(
@@ -298,13 +373,22 @@ def allocate(
     if not requests:
         raise AllocationError(f"cannot allocate {allocator.where}: the claim has no device requests")
     pending = list(devices) if devices is not None else None
-    results: list[dict[str, Any]] = []
+    plan: list[tuple[str, Any, bool]] = []
     for name, need, admin in requests:
         wanted = need
         if pending is not None and need != "All":  # the named devices, split over the requests
             n = need if isinstance(need, int) else len(need)
             wanted, pending = pending[:n], pending[n:]
-        results += allocator.choose(name, wanted, admin)
+        plan.append((name, wanted, admin))
+    try:
+        results = [r for name, wanted, admin in plan for r in allocator.choose(name, wanted, admin)]
+    except AllocationError:
+        # First fit may have given a device whose counters a later pick needed: the scheduler
+        # backtracks. Without counters first fit fails only where every choice would.
+        found = _Allocator(store, claim, node, driver).search(plan) if allocator.left else None
+        if found is None:
+            raise
+        results = found
     allocated: dict[str, Any] = {"results": results}
     configs = _config(claim, driver, config)
     if configs:

@@ -235,3 +235,37 @@ async def test_admin_access_results_of_other_claims_consume_nothing(
     assert allocate(api, "monitor") == ["x"]
     api.add_claim("ns", "user")
     assert allocate(api, "user") == ["x"]
+
+
+async def test_where_first_fit_blocks_itself_the_search_goes_on(
+    api: FakeKubeAPI, client: lightkube.AsyncClient
+) -> None:
+    # "big" takes both memory slices: first fit's pick for "a" would leave "b" nothing.
+    await publish(
+        client,
+        [
+            part("big", memory_slice_0="1", memory_slice_1="1"),
+            part("x", memory_slice_0="1"),
+            part("y", memory_slice_1="1"),
+        ],
+    )
+    api.add_claim("ns", "two", requests=[("gpu", 2)])
+    assert allocate(api, "two") == ["x", "y"]
+    api.delete_claim("ns", "two")
+    api.add_claim("ns", "split", requests=[("a", 1), ("b", 1)])
+    results = api.allocate_claim("ns", "split", node=NODE, driver=DRIVER)["status"]["allocation"]["devices"][
+        "results"
+    ]
+    assert [(r["request"], r["device"]) for r in results] == [("a", "x"), ("b", "y")]
+    api.add_claim("ns", "more", requests=[("gpu", 2)])
+    with pytest.raises(AllocationError, match="request gpu needs 2 device"):
+        allocate(api, "more")  # nothing is left: every choice fails, first fit's refusal is told
+
+
+async def test_without_counters_first_fit_alone_decides(
+    api: FakeKubeAPI, client: lightkube.AsyncClient
+) -> None:
+    await client.create(ResourceSlice.from_dict(slice_body(devices=[device("gpu-0"), device("gpu-1")])))
+    api.add_claim("ns", "c", requests=[("gpu", 3)])
+    with pytest.raises(AllocationError, match=r"request gpu needs 3 device\(s\), 2 usable: no more devices"):
+        allocate(api, "c")
