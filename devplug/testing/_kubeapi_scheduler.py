@@ -180,7 +180,8 @@ def _requests(
 
 
 class _Allocator:
-    """First-fit choice over the usable pools of one node and driver, for one claim."""
+    """First-fit choice (and the search behind it) over the usable pools of one node and driver,
+    for one claim."""
 
     def __init__(self, store: Store, claim: dict[str, Any], node: str, driver: str) -> None:
         meta = claim["metadata"]

@@ -269,3 +269,28 @@ async def test_without_counters_first_fit_alone_decides(
     api.add_claim("ns", "c", requests=[("gpu", 3)])
     with pytest.raises(AllocationError, match=r"request gpu needs 3 device\(s\), 2 usable: no more devices"):
         allocate(api, "c")
+
+
+async def test_an_admin_access_pick_is_counted_as_the_allocator_counts_it(
+    api: FakeKubeAPI, client: lightkube.AsyncClient
+) -> None:
+    # The allocator checks an adminAccess pick's counters too: on a device another claim holds,
+    # its consumption is counted twice, so the pick does not fit.
+    await publish(client, [part("x", memory_slice_0="1"), part("y", memory_slice_1="1")])
+    exactly = {
+        "deviceClassName": "gpu.example.com",
+        "allocationMode": "ExactCount",
+        "count": 1,
+        "adminAccess": True,
+    }
+    for name in ("watch-x", "watch-y"):
+        body = {
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        }
+        await client.create(ResourceClaim.from_dict(body))
+    api.add_claim("ns", "user")
+    assert allocate(api, "user") == ["x"]
+    with pytest.raises(AllocationError, match=f"device x: counter set {SET}: memory-slice-0 exhausted"):
+        allocate(api, "watch-x", devices=["x"])
+    assert allocate(api, "watch-y") == ["y"]  # x does not fit; y's counters are free
