@@ -9,7 +9,7 @@ import lightkube
 import pytest
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimStatus, ResourceSlice
 
-from devplug.testing import AllocationError, FakeKubeAPI
+from devplug.testing import AllocationError, FakeKubeAPI, _kubeapi_scheduler
 from devplug.testing._kubeapi_scheduler import quantity
 from tests.testing.test_kubeapi_kit import DRIVER, NODE, device, slice_body
 
@@ -294,3 +294,24 @@ async def test_an_admin_access_pick_is_counted_as_the_allocator_counts_it(
     with pytest.raises(AllocationError, match=f"device x: counter set {SET}: memory-slice-0 exhausted"):
         allocate(api, "watch-x", devices=["x"])
     assert allocate(api, "watch-y") == ["y"]  # x does not fit; y's counters are free
+
+
+async def test_a_search_that_gives_up_tells_first_fits_refusal(
+    api: FakeKubeAPI, client: lightkube.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await publish(
+        client,
+        [
+            part("big", memory_slice_0="1", memory_slice_1="1"),
+            part("x", memory_slice_0="1"),
+            part("y", memory_slice_1="1"),
+        ],
+    )
+    monkeypatch.setattr(_kubeapi_scheduler, "SEARCH_LIMIT", 2)  # big, then x: never y
+    api.add_claim("ns", "two", requests=[("gpu", 2)])
+    with pytest.raises(
+        AllocationError, match=f"1 usable: device x: counter set {SET}: memory-slice-0 exhausted"
+    ):
+        allocate(api, "two")
+    monkeypatch.setattr(_kubeapi_scheduler, "SEARCH_LIMIT", 5)  # big, x, y; x, y
+    assert allocate(api, "two") == ["x", "y"]
