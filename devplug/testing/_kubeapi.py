@@ -66,7 +66,8 @@ class FakeKubeAPI(KubeAPIHelpers):
     the devices-or-sharedCounters rule's text are approximations; alpha fields other than list
     attributes (dropped) are kept; the ``spec.pool.name`` field selector (1.37) is served;
     ResourceClaims are validated for metadata, spec immutability and status rules only;
-    :meth:`allocate_claim` evaluates no CEL selectors or device classes. The DRADeviceTaints
+    :meth:`allocate_claim` evaluates no CEL selectors or device classes (it does honour taints,
+    other claims' devices and shared counters, as the scheduler does). The DRADeviceTaints
     feature gate is ``device_taints``, DRAPartitionableDevices ``partitionable_devices``.
 
     Attributes:
