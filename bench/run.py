@@ -506,7 +506,8 @@ def _row(label: str, summary: dict[str, Any], target: str, ok: bool | None, runs
 _STARTUP_LABELS = {
     "bare_grpc_aio": "bare grpc.aio plugin (`bench/bare_plugin.py`): the floor",
     "bare_with_devplug_libraries": (
-        "the bare plugin importing pydantic-settings, structlog, anyio and asyncinotify first "
+        "the bare plugin importing pydantic-settings, structlog, anyio (with its asyncio backend) and "
+        "asyncinotify first "
         "(for information)"
     ),
     "devplug_fake": "`devplug-fake`",
@@ -589,7 +590,8 @@ def explain_startup(results: dict[str, Any], misses: list[str]) -> list[str]:
     return [
         f"- **Start → Register, 2x the bare plugin** ({ratios}): the bare plugin that only imports "
         "the libraries devplug's start needs (pydantic-settings, through which the options are read; "
-        "structlog; anyio; asyncinotify) and uses none of them already registers at p50 "
+        "structlog; anyio with its asyncio backend; asyncinotify) and uses none of them already "
+        "registers at p50 "
         f"{floor['p50']:.0f} ms, {floor['p50'] / bare:.2f}x the bare plugin's {bare:.0f} ms: no start "
         "that reads its options through pydantic-settings and logs through structlog can meet 2x on "
         "this machine, however little else it does. pydantic-settings alone imports pydantic, "

@@ -11,7 +11,8 @@ process is stopped with SIGTERM as soon as it has registered.
 
 Subjects: ``bench/bare_plugin.py`` (a bare grpc.aio plugin that serves, then registers), the
 same bare plugin importing the libraries devplug needs to start (pydantic-settings, structlog,
-anyio, asyncinotify) and using none of them (the floor for any plugin built on them),
+anyio and its asyncio backend, asyncinotify) and using none of them (the floor for any plugin
+built on them),
 the ``devplug-fake`` console script, ``devplug run`` with bench/minimal_plugin.py, and
 ``devplug-nvidia --fake-nvml dgx-a100`` (for information: NVML discovery of a model machine).
 
@@ -49,7 +50,8 @@ BASELINE = "bare_grpc_aio"
 # pydantic-settings, logs through structlog, anyio, inotify) and uses none of them: what any
 # plugin built on them pays before it can register, devplug's own code aside.
 WITH_LIBRARIES = "bare_with_devplug_libraries"
-LIBRARIES = "pydantic_settings,structlog,anyio,asyncinotify"
+# anyio._backends._asyncio: what anyio.run loads to run on asyncio, as every anyio program does.
+LIBRARIES = "pydantic_settings,structlog,anyio,anyio._backends._asyncio,asyncinotify"
 # Another source tree of devplug (``git archive OLD devplug devplug_fake devplug_nvidia``
 # unpacked there) whose devplug-fake also starts each round: before/after figures, one run.
 BEFORE = os.environ.get("DEVPLUG_BENCH_BEFORE", "")
