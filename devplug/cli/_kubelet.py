@@ -5,6 +5,9 @@ on ``--watcher-dir``) until Ctrl-C or SIGTERM, and prints what a kubelet's devic
 learns as it happens: registrations (accepted or refused, with the kubelet's text), each
 resource's device table, health changes and streams that end. On the way out ``kubelet.sock``
 is removed; the plugins' sockets are theirs to remove.
+
+With ``--dra --kubelet-root ROOT`` it is a DRA kubelet with its API server instead
+(:mod:`devplug.cli._kubelet_dra`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from devplug.logging import configure as configure_logging
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Awaitable, Callable
     from pathlib import Path
 
     from devplug.testing import FakeKubelet, Registration
@@ -36,23 +40,66 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = sub.add_parser(
         "kubelet",
         help="run a fake kubelet that plugins register with, printing what it learns",
+        usage=(
+            "devplug kubelet [-h] (--dir DIR [--watcher-dir DIR] | --dra --kubelet-root ROOT "
+            "[--node-name NAME]) [--version]"
+        ),
         description=(
             "Serve a fake kubelet (devplug.testing.FakeKubelet) on DIR/kubelet.sock until Ctrl-C, "
             "printing registrations, device tables and health changes as they happen. Try "
             "'devplug run MODULE:CLASS --device-plugin-dir DIR' and 'devplug inspect DIR/SOCKET' "
-            "next to it."
+            "next to it. With --dra, a fake API server too, and the kubelet's DRA manager under "
+            "ROOT: it prints the command that starts a DRA driver against them, then "
+            "registrations, published pools, taints and health as they happen."
         ),
     )
-    parser.add_argument(
-        "--dir", required=True, type=Path, metavar="DIR", help="the device-plugin directory to serve"
-    )
+    parser.add_argument("--dir", type=Path, metavar="DIR", help="the device-plugin directory to serve")
     parser.add_argument(
         "--watcher-dir",
         type=Path,
         metavar="DIR",
         help="also run the plugin watcher on this plugins_registry directory",
     )
+    parser.add_argument(
+        "--dra",
+        action="store_true",
+        help="be a DRA kubelet with its API server (needs --kubelet-root instead of --dir)",
+    )
+    parser.add_argument(
+        "--kubelet-root",
+        type=Path,
+        metavar="ROOT",
+        help="--dra: the kubelet's root; device-plugins/, plugins_registry/ and plugins/ are under it",
+    )
+    parser.add_argument(
+        "--node-name",
+        default="node-1",
+        metavar="NAME",
+        help="--dra: the node the API server holds and the drivers publish for (default: node-1)",
+    )
     return parser
+
+
+def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """One line (exit 2) for flags that do not go together."""
+    if args.dra:
+        if args.kubelet_root is None:
+            parser.error("--dra needs --kubelet-root ROOT (plugins_registry/ and plugins/ are under it)")
+        given = [flag for flag, value in (("--dir", args.dir), ("--watcher-dir", args.watcher_dir)) if value]
+        if given:
+            parser.error(
+                f"{' and '.join(given)} cannot go with --dra: it serves ROOT/device-plugins and "
+                "ROOT/plugins_registry"
+            )
+        from devplug.settings import is_dns_subdomain
+
+        if not is_dns_subdomain(args.node_name):
+            parser.error(f"--node-name {args.node_name!r}: a node name is a lowercase DNS subdomain")
+        return
+    if args.kubelet_root is not None or args.node_name != "node-1":
+        parser.error("--kubelet-root and --node-name go with --dra")
+    if args.dir is None:
+        parser.error("the following arguments are required: --dir (or --dra --kubelet-root ROOT)")
 
 
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -61,14 +108,41 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # for every `devplug` command that builds the parser.
     from devplug.testing import FakeKubelet
 
+    _check(args, parser)
     # The kit logs through structlog at info: keep its lines off the terminal's report.
     configure_logging("console", "warning")
+    if args.dra:
+        return _main_dra(args, parser)
     try:
         kubelet = FakeKubelet(args.dir, plugins_registry_dir=args.watcher_dir)
     except ValueError as exc:  # a socket path over the 107 bytes AF_UNIX allows
         parser.error(str(exc))
+    return _run(lambda: _serve(kubelet, sys.stdout))
+
+
+def _main_dra(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from devplug.cli._kubelet_dra import serve_dra
+    from devplug.testing import FakeKubeAPI, FakeKubelet
+
+    root = args.kubelet_root.absolute()
+    api = FakeKubeAPI()
     try:
-        anyio.run(_serve, kubelet, sys.stdout, backend="asyncio")
+        kubelet = FakeKubelet(
+            root / "device-plugins",
+            plugins_registry_dir=root / "plugins_registry",
+            dra=True,
+            kube_api=api,
+            node_name=args.node_name,
+        )
+    except ValueError as exc:  # a socket path over the 107 bytes AF_UNIX allows
+        parser.error(str(exc))
+    return _run(lambda: serve_dra(api, kubelet, root, root / "kubeconfig", sys.stdout, follow_devices=follow))
+
+
+def _run(serving: Callable[[], Awaitable[None]]) -> int:
+    """Run ``serving()`` until it returns: 0, 130 for a Ctrl-C before its handlers, 2 for an OSError."""
+    try:
+        anyio.run(serving, backend="asyncio")
     except KeyboardInterrupt:  # before the signal handlers were in place
         print("devplug kubelet: interrupted", file=sys.stderr)
         return 130
