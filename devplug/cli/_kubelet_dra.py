@@ -220,12 +220,12 @@ async def follow_pools(api: FakeKubeAPI, node: str, out: TextIO) -> None:
 
 def _pools(api: FakeKubeAPI, node: str, last: dict[str, Pool]) -> dict[str, Pool]:
     """The node's complete pools by driver; a pool in the middle of an update keeps its last state."""
-    by_driver: dict[str, list[dict[str, object]]] = {}
+    by_driver: dict[str, list[dict[str, Any]]] = {}
     for item in api.slices(node=node):
         by_driver.setdefault(str(item["spec"]["driver"]), []).append(item)
     pools: dict[str, Pool] = {}
     for driver, slices in by_driver.items():
-        pool = _complete(slices)
+        pool = complete_pool(slices)
         if pool is not None:
             pools[driver] = pool
         elif driver in last:
@@ -233,17 +233,15 @@ def _pools(api: FakeKubeAPI, node: str, last: dict[str, Pool]) -> dict[str, Pool
     return pools
 
 
-def _complete(slices: list[dict[str, object]]) -> Pool | None:
-    specs = [s["spec"] for s in slices if isinstance(s.get("spec"), dict)]
-    generations = {(sp["pool"]["generation"], sp["pool"]["resourceSliceCount"]) for sp in specs}  # type: ignore[index]
-    if len(generations) != 1:
-        return None
-    _, count = generations.pop()
-    if count != len(specs):
+def complete_pool(slices: list[dict[str, Any]]) -> Pool | None:
+    """The pool's devices when its newest generation is complete (as the scheduler reads a pool)."""
+    newest = max(s["spec"]["pool"]["generation"] for s in slices)
+    current = [s["spec"] for s in slices if s["spec"]["pool"]["generation"] == newest]
+    if any(spec["pool"]["resourceSliceCount"] != len(current) for spec in current):
         return None
     pool: Pool = {}
-    for spec in specs:
-        for device in spec.get("devices") or ():  # type: ignore[attr-defined]
+    for spec in current:
+        for device in spec.get("devices") or ():
             taints = device.get("taints") or ()
             pool[device["name"]] = tuple(sorted(f"{t['key']}:{t['effect']}" for t in taints))
     return pool

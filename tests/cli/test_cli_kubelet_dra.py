@@ -17,6 +17,7 @@ from devplug.cli._kubelet_dra import (
     Health,
     Instances,
     Pool,
+    complete_pool,
     dra_registration_line,
     health_lines,
     instance_lines,
@@ -277,3 +278,19 @@ def test_health_lines(before: Health, after: Health, lines: list[str]) -> None:
 )
 def test_instance_lines(before: Instances, after: Instances, lines: list[str]) -> None:
     assert instance_lines("d", before, after, wipe_delay=5) == lines
+
+
+def slice_of(generation: int, count: int, *devices: dict[str, object]) -> dict[str, object]:
+    spec = {"pool": {"generation": generation, "resourceSliceCount": count}, "devices": list(devices)}
+    return {"spec": spec}
+
+
+def test_a_pool_is_read_at_its_newest_complete_generation() -> None:
+    tainted: dict[str, object] = {"name": "b", "taints": [{"key": "d/unhealthy", "effect": "NoSchedule"}]}
+    # Two slices announced, one written: not complete yet (the last complete state is kept).
+    assert complete_pool([slice_of(2, 2, {"name": "a"})]) is None
+    # A newer generation complete: the older slice left over does not count.
+    pool = complete_pool(
+        [slice_of(1, 1, {"name": "old"}), slice_of(2, 2, {"name": "a"}), slice_of(2, 2, tainted)]
+    )
+    assert pool == {"a": (), "b": ("d/unhealthy:NoSchedule",)}
