@@ -294,3 +294,58 @@ def test_a_pool_is_read_at_its_newest_complete_generation() -> None:
         [slice_of(1, 1, {"name": "old"}), slice_of(2, 2, {"name": "a"}), slice_of(2, 2, tainted)]
     )
     assert pool == {"a": (), "b": ("d/unhealthy:NoSchedule",)}
+
+
+@pytest.mark.anyio
+async def test_the_printed_devplug_run_line_serves_a_class_and_device_plugins_are_told_too(
+    short_dir: Path,
+) -> None:
+    """The ``devplug run --api dra MODULE:CLASS`` line, with a class for MODULE:CLASS; the same
+    class as a device plugin under ROOT/device-plugins is told as ``devplug kubelet --dir`` tells it."""
+    root = short_dir / "k"
+    kubelet = await anyio.open_process(
+        [sys.executable, "-m", "devplug", "kubelet", "--dra", "--kubelet-root", str(root)],
+        cwd=ROOT,
+        stderr=subprocess.STDOUT,
+    )
+    async with kubelet:
+        assert kubelet.stdout is not None
+        out = TextReceiveStream(kubelet.stdout)
+        seen = [""]
+        head = await read_until(out, "Ctrl-C to stop\n", seen)
+        run_line = shlex.split(head.splitlines()[2])
+        assert run_line[:5] == ["devplug", "run", "--api", "dra", "MODULE:CLASS"]
+        target = "tests.support:Widgets"
+        drivers = [
+            [sys.executable, "-m", "devplug", "run", *run_line[2:4], target, *run_line[5:]],
+            [sys.executable, "-m", "devplug", "run", target, "--kubelet-root", str(root)],
+        ]
+        async with (
+            await anyio.open_process(
+                drivers[0], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            ) as dra,
+            await anyio.open_process(
+                drivers[1], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            ) as dp,
+        ):
+            dra_socket = root / "plugins" / "widget.example.com" / "dra.sock"
+            await read_all(
+                out,
+                [
+                    f"registered DRA driver widget.example.com (plugin watcher, widget.example.com-reg.sock) "
+                    f"on {dra_socket}; service v1.DRAPlugin\n",
+                    "widget.example.com pool: 4 devices: w0, w1, w2, w3\n",
+                    "registered example.com/widget on example.com-widget-",
+                    "example.com/widget: 4 devices, 4 healthy\n",
+                ],
+                seen,
+            )
+            for process in (dra, dp):
+                process.send_signal(signal.SIGTERM)
+                with anyio.fail_after(15):
+                    assert await process.wait() == 0
+        kubelet.send_signal(signal.SIGTERM)
+        await read_until(out, "stopped; kubelet.sock and kubeconfig removed\n", seen)
+        with anyio.fail_after(15):
+            assert await kubelet.wait() == 0
+    assert sorted(p.name for p in root.rglob("*.sock")) == []
