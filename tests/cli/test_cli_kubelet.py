@@ -29,6 +29,18 @@ def write_state(path: Path, devices: list[dict[str, object]]) -> None:
     os.replace(tmp, path)
 
 
+def devplug_kubelet(*args: str) -> subprocess.CompletedProcess[str]:
+    """``devplug kubelet ARGS`` run to its end (a refusal), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "devplug", "kubelet", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+
+
 async def read_until(stream: TextReceiveStream, text: str, seen: list[str]) -> str:
     """Read until ``text`` has appeared; the output after it is kept for the next wait."""
     with anyio.fail_after(30):
@@ -88,23 +100,14 @@ async def test_kubelet_prints_what_it_learns(short_dir: Path, stop: signal.Signa
 
 def test_a_directory_too_deep_for_a_socket_is_one_line(short_dir: Path) -> None:
     deep = short_dir / ("d" * 100)
-    result = subprocess.run(
-        [sys.executable, "-m", "devplug", "kubelet", "--dir", str(deep)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    result = devplug_kubelet("--dir", str(deep))
     assert result.returncode == 2
     assert result.stderr.startswith("devplug kubelet: error: ")
     assert result.stderr.count("\n") == 1
 
 
 def test_kubelet_needs_a_directory() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "devplug", "kubelet"], check=False, capture_output=True, text=True, timeout=60
-    )
+    result = devplug_kubelet()
     assert result.returncode == 2
     assert "--dir" in result.stderr
 

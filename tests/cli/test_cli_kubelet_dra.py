@@ -7,10 +7,13 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import pytest
+from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 
 from devplug.cli._kubelet_dra import (
@@ -24,11 +27,28 @@ from devplug.cli._kubelet_dra import (
     pool_lines,
 )
 from devplug.testing import DraRegistration
-from tests.cli.test_cli_kubelet import read_until, write_state
+from tests.cli.test_cli_kubelet import devplug_kubelet, read_until, write_state
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "fake.example.com"
 NODE = "node-k"
+
+
+Running = tuple[Process, TextReceiveStream, list[str], str]
+
+
+@asynccontextmanager
+async def kubelet_dra(root: Path, *extra: str) -> AsyncIterator[Running]:
+    """``devplug kubelet --dra --kubelet-root ROOT EXTRA`` running: the process, its output (stderr
+    merged), the unread rest, and what it printed up to "Ctrl-C to stop" (the commands come first,
+    before anything else is said)."""
+    command = [sys.executable, "-m", "devplug", "kubelet", "--dra", "--kubelet-root", str(root), *extra]
+    async with await anyio.open_process(command, cwd=ROOT, stderr=subprocess.STDOUT) as kubelet:
+        assert kubelet.stdout is not None
+        out = TextReceiveStream(kubelet.stdout)
+        seen = [""]
+        head = await read_until(out, "Ctrl-C to stop\n", seen)
+        yield kubelet, out, seen, head
 
 
 async def read_all(stream: TextReceiveStream, texts: list[str], seen: list[str]) -> str:
@@ -48,27 +68,7 @@ async def test_kubelet_dra_prints_what_it_learns(short_dir: Path, stop: signal.S
     root = short_dir / "k"
     state = short_dir / "devices.json"
     write_state(state, [{"id": "fake-0"}, {"id": "fake-1"}])
-    kubelet = await anyio.open_process(
-        [
-            sys.executable,
-            "-m",
-            "devplug",
-            "kubelet",
-            "--dra",
-            "--kubelet-root",
-            str(root),
-            "--node-name",
-            NODE,
-        ],
-        cwd=ROOT,
-        stderr=subprocess.STDOUT,
-    )
-    async with kubelet:
-        assert kubelet.stdout is not None
-        out = TextReceiveStream(kubelet.stdout)
-        seen = [""]
-        # The commands come first, before anything else is said.
-        head = await read_until(out, "Ctrl-C to stop\n", seen)
+    async with kubelet_dra(root, "--node-name", NODE) as (kubelet, out, seen, head):
         lines = head.splitlines()
         assert lines[0] == "start a DRA driver against it:"
         fake_line, run_line = lines[1].strip(), lines[2].strip()
@@ -161,14 +161,7 @@ async def test_kubelet_dra_prints_what_it_learns(short_dir: Path, stop: signal.S
     ids=["no-root", "dir", "watcher-dir", "root-alone", "node-alone", "bad-node", "nothing", "too-deep"],
 )
 def test_flags_that_do_not_go_together_are_one_line(args: list[str], message: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "devplug", "kubelet", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    result = devplug_kubelet(*args)
     assert result.returncode == 2
     assert result.stderr.startswith("devplug kubelet: error: ")
     assert message in result.stderr
@@ -303,16 +296,7 @@ async def test_the_printed_devplug_run_line_serves_a_class_and_device_plugins_ar
     """The ``devplug run --api dra MODULE:CLASS`` line, with a class for MODULE:CLASS; the same
     class as a device plugin under ROOT/device-plugins is told as ``devplug kubelet --dir`` tells it."""
     root = short_dir / "k"
-    kubelet = await anyio.open_process(
-        [sys.executable, "-m", "devplug", "kubelet", "--dra", "--kubelet-root", str(root)],
-        cwd=ROOT,
-        stderr=subprocess.STDOUT,
-    )
-    async with kubelet:
-        assert kubelet.stdout is not None
-        out = TextReceiveStream(kubelet.stdout)
-        seen = [""]
-        head = await read_until(out, "Ctrl-C to stop\n", seen)
+    async with kubelet_dra(root) as (kubelet, out, seen, head):
         run_line = shlex.split(head.splitlines()[2])
         assert run_line[:5] == ["devplug", "run", "--api", "dra", "MODULE:CLASS"]
         target = "tests.support:Widgets"
