@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar
 
@@ -309,16 +310,23 @@ def word_metavars(parser: argparse.ArgumentParser) -> None:
             action.metavar = "JSON"
 
 
-def _fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
-    """The field names of the model found at ``loc`` inside ``model`` (list items skipped)."""
+def keys_at(model: type[BaseModel], loc: Sequence[int | str]) -> list[str]:
+    """The keys (a field's alias, else its name) of the model found at ``loc`` inside ``model``, as
+    a validation error locates it (list items skipped); [] where ``loc`` leads to no model."""
     current: type[BaseModel] | None = model
     for part in loc:
         if isinstance(part, int):
             continue
-        if current is None or part not in current.model_fields:
+        if current is None:
             return []
-        current = _model_in(current.model_fields[part].annotation)
-    return list(current.model_fields) if current is not None else []
+        fields = {f.alias or n: f for n, f in current.model_fields.items()}
+        field = fields.get(str(part)) or current.model_fields.get(str(part))
+        if field is None:
+            return []
+        current = _model_in(field.annotation)
+    if current is None:
+        return []
+    return [f.alias or n for n, f in current.model_fields.items()]
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:
@@ -371,7 +379,7 @@ def describe_validation_error(exc: ValidationError, *, model: type[BaseModel] | 
     if first["type"] == "extra_forbidden":
         message = "unknown setting"
         if model is not None and first["loc"]:
-            known = _fields_at(model, first["loc"][:-1])
+            known = keys_at(model, first["loc"][:-1])
             close = difflib.get_close_matches(str(first["loc"][-1]), known, n=1)
             if close:
                 message += f' (did you mean "{close[0]}"?)'

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import difflib
 import re
-import typing
 import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from devplug.errors import ConfigError
-from devplug.settings import read_yaml
+from devplug.settings import keys_at, read_yaml
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -385,7 +384,7 @@ def _describe(path: Path, exc: ValidationError) -> str:
         if places:
             text += f"; {key!r} belongs under {' or '.join(places)}"
         else:
-            close = difflib.get_close_matches(key, _keys_at(ConfigFileV1, loc[:-1]), n=1)
+            close = difflib.get_close_matches(key, keys_at(ConfigFileV1, loc[:-1]), n=1)
             if close:
                 text += f' (did you mean "{close[0]}"?)'
         return text
@@ -394,34 +393,6 @@ def _describe(path: Path, exc: ValidationError) -> str:
     if first["type"] not in ("value_error", "missing") and "input" in first:
         text += f" (got {first['input']!r})"
     return text
-
-
-def _keys_at(model: type[BaseModel], loc: list[int | str]) -> list[str]:
-    """The keys (aliases) of the section at ``loc`` of the config file (list items skipped)."""
-    current: type[BaseModel] | None = model
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        if current is None:
-            return []
-        fields = {f.alias or n: f for n, f in current.model_fields.items()}
-        field = fields.get(part) or current.model_fields.get(part)
-        if field is None:
-            return []
-        current = _model_in(field.annotation)
-    if current is None:
-        return []
-    return [f.alias or n for n, f in current.model_fields.items()]
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
 
 
 def parse_config(data: Any, path: Path) -> ConfigFileV1:
