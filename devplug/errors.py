@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
+if sys.version_info < (3, 11):  # anyio depends on the backport there
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
+
 __all__ = ["ConfigError", "DevplugError", "KubeletError", "RegistrationError"]
 
 
@@ -24,3 +29,21 @@ class KubeletError(DevplugError):
 
 class RegistrationError(KubeletError):
     """The kubelet refused a registration (bad version, bad resource name, ...)."""
+
+
+def config_error_in(exc: BaseException) -> ConfigError | None:
+    """``exc`` if it is a ConfigError, or the first ConfigError of an exception group (nested
+    groups included) that holds nothing else: a refusal for a command to say in one line. None
+    otherwise, so that a group mixing a refusal with another failure keeps its traceback."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop(0)
+        if isinstance(current, BaseExceptionGroup):
+            pending[:0] = current.exceptions
+        else:
+            leaves.append(current)
+    first = leaves[0] if leaves else None
+    if isinstance(first, ConfigError) and all(isinstance(e, ConfigError) for e in leaves):
+        return first
+    return None

@@ -16,7 +16,7 @@ import devplug
 from devplug._core.signals import install as install_signals
 from devplug._core.signals import run_async
 from devplug._version import version
-from devplug.errors import ConfigError, DevplugError
+from devplug.errors import ConfigError, DevplugError, config_error_in
 from devplug.logging import configure as configure_logging
 from devplug.metrics import require_prometheus
 from devplug_nvidia._allocate import imex_channels, present_nodes
@@ -112,23 +112,12 @@ def _run(args: list[str], roots: FakeRoots) -> int:
     except Exception as exc:
         # The runner refuses to start (an insecure directory, a metrics port in use) with a
         # ConfigError, which the health monitor's task group wraps in an exception group.
-        refusal = _config_error(exc)
+        refusal = config_error_in(exc)
         if refusal is None:
             raise
         print(f"{PROG}: {refusal}", file=sys.stderr)
         return 2
     return 0
-
-
-def _config_error(exc: BaseException) -> ConfigError | None:
-    """``exc`` if it is a ConfigError, or the first one inside an exception group."""
-    if isinstance(exc, ConfigError):
-        return exc
-    for inner in getattr(exc, "exceptions", ()):
-        found = _config_error(inner)
-        if found is not None:
-            return found
-    return None
 
 
 def prepare(

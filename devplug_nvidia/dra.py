@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
-from devplug.errors import ConfigError, DevplugError
+from devplug.errors import DevplugError, config_error_in
 from devplug.models import CdiSpecFile, ContainerAllocation, PreparedDevice
 from devplug.plugin import DevicePlugin
 from devplug_nvidia._allocate import CONTROL_NODES, build_allocation, present_nodes
@@ -295,21 +295,9 @@ def run_dra(settings: NvidiaSettings, prog: str, *, started: Callable[[], object
 
         run_async(functools.partial(serve, plugin, settings))
     except Exception as exc:
-        refusal = _config_error(exc)
+        refusal = config_error_in(exc)
         if refusal is None:
             raise
         print(f"{prog}: {refusal}", file=sys.stderr)
         return 2
     return 0
-
-
-def _config_error(exc: BaseException) -> ConfigError | None:
-    """``exc`` if it is a ConfigError (no node name, an unusable kubeconfig), or the first one
-    inside an exception group."""
-    if isinstance(exc, ConfigError):
-        return exc
-    for inner in getattr(exc, "exceptions", ()):
-        found = _config_error(inner)
-        if found is not None:
-            return found
-    return None

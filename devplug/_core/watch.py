@@ -23,7 +23,6 @@ import contextlib
 import errno
 import math
 import os
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -33,9 +32,6 @@ import structlog
 from asyncinotify import Inotify, Mask
 
 from devplug.errors import ConfigError
-
-if sys.version_info < (3, 11):  # anyio depends on the backport there
-    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -247,22 +243,4 @@ def _watch_ancestor(inotify: Inotify, path: Path) -> Watch | None:
         except OSError as exc:
             if exc.errno not in _ABSENT:
                 raise ConfigError(f"cannot watch {parent}, above {path}: {exc.strerror}") from None
-    return None
-
-
-def config_error_in(group: BaseExceptionGroup[BaseException]) -> ConfigError | None:
-    """The first ConfigError of a task group's failure that holds nothing else (nested groups
-    included), to be raised as it is: one line for the command, not a traceback."""
-    errors: list[BaseException] = []
-    pending: list[BaseException] = [group]
-    while pending:
-        exc = pending.pop(0)
-        if isinstance(exc, BaseExceptionGroup):
-            pending[:0] = exc.exceptions
-        else:
-            errors.append(exc)
-    if errors and all(isinstance(e, ConfigError) for e in errors):
-        first = errors[0]
-        assert isinstance(first, ConfigError)
-        return first
     return None

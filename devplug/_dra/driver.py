@@ -30,7 +30,7 @@ import structlog
 
 from devplug._core.feed import feed_devices
 from devplug._core.sockets import MAX_SOCKET_PATH, SocketServer, SocketUnavailableError, make_directories
-from devplug._core.watch import DirWatcher, config_error_in
+from devplug._core.watch import DirWatcher
 from devplug._dra.checkpoint import FILE_NAME, Checkpoint
 from devplug._dra.claims import ClaimError, Preparer
 from devplug._dra.inventory import Inventory
@@ -48,7 +48,7 @@ from devplug._dra.servicer import (
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
 from devplug._version import version
-from devplug.errors import ConfigError
+from devplug.errors import ConfigError, config_error_in
 from devplug.metrics import require_prometheus
 
 if sys.version_info < (3, 11):  # anyio depends on the backport there
