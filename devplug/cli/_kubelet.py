@@ -12,11 +12,9 @@ With ``--dra --kubelet-root ROOT`` it is a DRA kubelet with its API server inste
 
 from __future__ import annotations
 
-import signal
 import sys
+from functools import partial
 from typing import TYPE_CHECKING, Any, TextIO
-
-import anyio
 
 from devplug.logging import configure as configure_logging
 
@@ -140,10 +138,13 @@ def _main_dra(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _run(serving: Callable[[], Awaitable[None]]) -> int:
-    """Run ``serving()`` until it returns: 0, 130 for a Ctrl-C before its handlers, 2 for an OSError."""
+    """Run ``serving()`` until it returns (a stop signal ends its serving): 0, 2 for an OSError;
+    a stop signal before it serves raises Interrupted (status 130, one line)."""
+    from devplug._core.signals import run_async
+
     try:
-        anyio.run(serving, backend="asyncio")
-    except KeyboardInterrupt:  # before the signal handlers were in place
+        run_async(serving)
+    except KeyboardInterrupt:  # main called without devplug's handler installed
         print("devplug kubelet: interrupted", file=sys.stderr)
         return 130
     except OSError as exc:
@@ -153,18 +154,15 @@ def _run(serving: Callable[[], Awaitable[None]]) -> int:
 
 
 async def _serve(kubelet: FakeKubelet, out: TextIO) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with kubelet:
-            _say(out, f"kubelet serving {kubelet.socket_path}")
-            if kubelet.plugins_registry_dir is not None:
-                _say(out, f"plugin watcher on {kubelet.plugins_registry_dir}")
-            _say(out, "Ctrl-C to stop")
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(follow, kubelet, out)
-                async for _ in signals:
-                    break
-                tg.cancel_scope.cancel()
-        _say(out, f"stopped; {kubelet.socket_path.name} removed")
+    from devplug._core.signals import until_signalled
+
+    async with kubelet:
+        _say(out, f"kubelet serving {kubelet.socket_path}")
+        if kubelet.plugins_registry_dir is not None:
+            _say(out, f"plugin watcher on {kubelet.plugins_registry_dir}")
+        _say(out, "Ctrl-C to stop")
+        await until_signalled(partial(follow, kubelet, out))
+    _say(out, f"stopped; {kubelet.socket_path.name} removed")
 
 
 async def follow(kubelet: FakeKubelet, out: TextIO) -> None:

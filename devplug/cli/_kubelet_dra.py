@@ -15,7 +15,6 @@ and CDI files are theirs.
 from __future__ import annotations
 
 import shlex
-import signal
 from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
@@ -66,33 +65,36 @@ async def serve_dra(
     *,
     follow_devices: Callable[[FakeKubelet, TextIO], Coroutine[Any, Any, None]],
 ) -> None:
-    """Serve ``api`` and ``kubelet`` (not started yet) until SIGINT / SIGTERM, telling what happens.
+    """Serve ``api`` and ``kubelet`` (not started yet) until SIGINT / SIGTERM (devplug's handler:
+    before serving, the start is cancelled and Interrupted raised), telling what happens.
 
     ``follow_devices`` tells the device-plugin side (``devplug kubelet``'s own follower).
     """
+    from devplug._core.signals import until_signalled
+
     node = kubelet.node_name
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with api:
-            api.add_node(node)
-            try:
-                async with kubelet:  # it makes ROOT and its directories, as a kubelet does
-                    api.write_kubeconfig(kubeconfig)
-                    for line in driver_commands(root, node, kubeconfig):
-                        say(out, line)
-                    say(out, f"API server {api.url} with node {node}; kubeconfig {kubeconfig}")
-                    say(out, f"kubelet serving {kubelet.socket_path}")
-                    say(out, f"plugin watcher (DRA) on {kubelet.plugins_registry_dir}")
-                    say(out, "Ctrl-C to stop")
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(follow_devices, kubelet, out)
-                        tg.start_soon(follow_dra, kubelet, out)
-                        tg.start_soon(follow_pools, api, node, out)
-                        async for _ in signals:
-                            break
-                        tg.cancel_scope.cancel()
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await anyio.Path(kubeconfig).unlink(missing_ok=True)
+
+    async def follow_all() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow_devices, kubelet, out)
+            tg.start_soon(follow_dra, kubelet, out)
+            tg.start_soon(follow_pools, api, node, out)
+
+    async with api:
+        api.add_node(node)
+        try:
+            async with kubelet:  # it makes ROOT and its directories, as a kubelet does
+                api.write_kubeconfig(kubeconfig)
+                for line in driver_commands(root, node, kubeconfig):
+                    say(out, line)
+                say(out, f"API server {api.url} with node {node}; kubeconfig {kubeconfig}")
+                say(out, f"kubelet serving {kubelet.socket_path}")
+                say(out, f"plugin watcher (DRA) on {kubelet.plugins_registry_dir}")
+                say(out, "Ctrl-C to stop")
+                await until_signalled(follow_all)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.Path(kubeconfig).unlink(missing_ok=True)
     say(out, f"stopped; {kubelet.socket_path.name} and {kubeconfig.name} removed")
 
 

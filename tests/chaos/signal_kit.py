@@ -154,7 +154,7 @@ async def trial(name: str, moment: Moment, burst: Burst, tmp: Path, *, timeout: 
                     if isinstance(moment, float | int):
                         # Not before main's first line: a signal while the interpreter starts
                         # ends any Python program the default way (outside what is judged).
-                        await _until_main(process.pid, timeout)
+                        await until_main(process.pid, timeout)
                         await anyio.sleep(max(0.0, started + moment - time.monotonic()))
                     else:
                         await _served(name, kubelet, api, timeout)
@@ -176,7 +176,7 @@ async def trial(name: str, moment: Moment, burst: Burst, tmp: Path, *, timeout: 
     return outcome
 
 
-async def _until_main(pid: int, timeout: float) -> None:  # noqa: ASYNC109
+async def until_main(pid: int, timeout: float) -> None:  # noqa: ASYNC109
     """Wait until the process catches SIGTERM (its main's first line took it over).
 
     Python catches only SIGINT on its own; the kernel shows the caught signals in

@@ -207,3 +207,31 @@ async def test_wait_for_rechecks_on_every_change(short_dir: Path) -> None:
 )
 def test_registration_line(registration: Registration, line: str) -> None:
     assert registration_line(registration, Path("/dp")) == line
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["dir", "dra"])
+async def test_a_signal_while_it_starts_ends_the_start_in_one_line(short_dir: Path, mode: str) -> None:
+    """SIGINT then SIGTERM as soon as main has taken the signals over, while the testing kit
+    loads and the kubelet (and API server) come up: the start is abandoned, status 130 with one
+    line, never a traceback, nothing left. (Such a signal used to be swallowed, or to wait until
+    the kubelet was up, which then served and stopped.)"""
+    from tests.chaos.signal_kit import until_main
+
+    where = ["--dir", str(short_dir / "dp")]
+    if mode == "dra":
+        where = ["--dra", "--kubelet-root", str(short_dir / "k")]
+    command = [sys.executable, "-m", "devplug", "kubelet", *where]
+    async with await anyio.open_process(command, cwd=ROOT, stderr=subprocess.STDOUT) as process:
+        await until_main(process.pid, 30)
+        process.send_signal(signal.SIGINT)
+        await anyio.sleep(0.005)
+        process.send_signal(signal.SIGTERM)
+        with anyio.fail_after(30):
+            status = await process.wait()
+        assert process.stdout is not None
+        output = b"".join([chunk async for chunk in process.stdout]).decode()
+    assert "Traceback" not in output
+    assert status == 130, output
+    assert output.splitlines() == ["devplug kubelet: interrupted"]
+    assert not [p for p in short_dir.rglob("*") if p.is_socket() or p.name == "kubeconfig"]
