@@ -1,0 +1,256 @@
+"""DRA against the real API server, scheduler, kubelet and containerd of e2e/node.
+
+The DeviceClasses are deploy/'s own files, applied as shipped; claims are allocated by the real
+scheduler, prepared by the driver through the real kubelet, and containerd applies the claim's
+CDI spec to the container.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.node_kit import ROOT, Node, device_nodes, log_of, plugin_process, stop_process, wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+FAKE_DRIVER = "fake.example.com"
+
+
+def fake_driver(node: Node, tmp: Path, *extra: str):  # type: ignore[no-untyped-def]
+    return plugin_process(node, tmp, "devplug-fake", "--api", "dra", "--kubelet-root", str(node.kubelet_root),
+                          "--cdi-dir", str(node.cdi_dir), "--node-name", node.name,
+                          "--kubeconfig", node.kubeconfig, "--count", "4", "--log-format", "json", *extra)
+
+
+def slices(node: Node, driver: str) -> list[dict[str, Any]]:
+    items = node.get("resourceslices", namespace="")["items"]
+    return [s for s in items if s["spec"]["driver"] == driver and s["spec"].get("nodeName") == node.name]
+
+
+def published(node: Node, driver: str) -> dict[str, dict[str, Any]]:
+    """The devices the driver's slices offer now (newest pool generation), by name."""
+    found = slices(node, driver)
+    if not found:
+        return {}
+    newest = max(s["spec"]["pool"]["generation"] for s in found)
+    return {d["name"]: d for s in found if s["spec"]["pool"]["generation"] == newest
+            for d in s["spec"].get("devices", [])}
+
+
+def template(name: str, device_class: str, count: int = 1) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "dev", "exactly": {"deviceClassName": device_class, "count": count}}]}}}}
+
+
+def claim(name: str, device_class: str, count: int = 1) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"devices": {"requests": [
+                {"name": "dev", "exactly": {"deviceClassName": device_class, "count": count}}]}}}
+
+
+def allocated_devices(node: Node, pod: str) -> list[str]:
+    """The devices of the claims the scheduler allocated for `pod`."""
+    status = node.get("pod", pod)["status"]
+    names = [s["resourceClaimName"] for s in status.get("resourceClaimStatuses", []) if s.get("resourceClaimName")]
+    spec = node.get("pod", pod)["spec"]
+    names += [c["resourceClaimName"] for c in spec.get("resourceClaims", []) if c.get("resourceClaimName")]
+    devices = []
+    for name in names:
+        results = node.get("resourceclaim", name)["status"]["allocation"]["devices"]["results"]
+        devices += [r["device"] for r in results]
+    return devices
+
+
+def claim_specs(node: Node, driver: str) -> list[Path]:
+    return sorted(p for p in node.cdi_dir.glob("*") if driver in p.name and "claim" in p.name)
+
+
+@pytest.fixture
+def fake_class(node: Node) -> str:
+    node.kubectl("apply", "-f", str(ROOT / "deploy" / "dra" / "deviceclass.yaml"))
+    return FAKE_DRIVER
+
+
+def test_a_claim_from_a_template_is_scheduled_prepared_and_reaches_the_container(
+        node: Node, tmp_path: Path, fake_class: str) -> None:
+    with fake_driver(node, tmp_path) as driver:
+        devices = wait_for("the driver's slices", lambda: len(published(node, FAKE_DRIVER)) == 4 and
+                           published(node, FAKE_DRIVER))
+        assert set(devices) == {f"fake-{i}" for i in range(4)}
+        node.apply(template("one-fake", fake_class))
+        try:
+            node.run_pod("dra-one", claims=[{"name": "dev", "resourceClaimTemplateName": "one-fake"}])
+            (device,) = allocated_devices(node, "dra-one")
+            env = node.pod_env("dra-one")
+            assert env["FAKE_VISIBLE_DEVICES"] == device, env
+            assert device_nodes(node.logs("dra-one", "PATH="))[device] == (1, 3)
+            assert claim_specs(node, FAKE_DRIVER), list(node.cdi_dir.iterdir())
+        finally:
+            node.delete("pod", "dra-one")
+            node.delete("resourceclaimtemplate", "one-fake")
+        wait_for("the claim's CDI spec removed at unprepare", lambda: not claim_specs(node, FAKE_DRIVER))
+        assert driver.poll() is None, log_of(driver)
+
+
+def test_one_claim_shared_by_two_pods(node: Node, tmp_path: Path, fake_class: str) -> None:
+    with fake_driver(node, tmp_path):
+        wait_for("the driver's slices", lambda: len(published(node, FAKE_DRIVER)) == 4)
+        node.apply(claim("shared", fake_class))
+        claims = [{"name": "dev", "resourceClaimName": "shared"}]
+        try:
+            node.run_pod("dra-share-a", claims=claims)
+            node.run_pod("dra-share-b", claims=claims)
+            a = node.pod_env("dra-share-a")["FAKE_VISIBLE_DEVICES"]
+            b = node.pod_env("dra-share-b")["FAKE_VISIBLE_DEVICES"]
+            assert a == b
+            reserved = node.get("resourceclaim", "shared")["status"]["reservedFor"]
+            assert {r["name"] for r in reserved} == {"dra-share-a", "dra-share-b"}
+        finally:
+            node.delete("pod", "dra-share-a")
+            node.delete("pod", "dra-share-b")
+            node.delete("resourceclaim", "shared")
+        wait_for("the shared claim's spec removed", lambda: not claim_specs(node, FAKE_DRIVER))
+
+
+def test_kubelet_restart_slices_come_back_and_the_pod_keeps_running(
+        node: Node, tmp_path: Path, fake_class: str) -> None:
+    with fake_driver(node, tmp_path) as driver:
+        wait_for("the driver's slices", lambda: len(published(node, FAKE_DRIVER)) == 4)
+        node.apply(template("kr-fake", fake_class))
+        try:
+            pod = node.run_pod("dra-kr", claims=[{"name": "dev", "resourceClaimTemplateName": "kr-fake"}])
+            node.restart("kubelet", signal.SIGTERM)
+            node.wait_ready()
+            wait_for("the slices after the kubelet's restart", lambda: len(published(node, FAKE_DRIVER)) == 4,
+                     timeout=60)
+            again = node.get("pod", "dra-kr")
+            assert again["metadata"]["uid"] == pod["metadata"]["uid"]
+            assert again["status"]["phase"] == "Running"
+            node.run_pod("dra-kr2", claims=[{"name": "dev", "resourceClaimTemplateName": "kr-fake"}])
+            assert set(allocated_devices(node, "dra-kr")).isdisjoint(allocated_devices(node, "dra-kr2"))
+        finally:
+            node.delete("pod", "dra-kr")
+            node.delete("pod", "dra-kr2")
+            node.delete("resourceclaimtemplate", "kr-fake")
+        wait_for("the claims' specs removed", lambda: not claim_specs(node, FAKE_DRIVER))
+        assert driver.poll() is None, log_of(driver)
+
+
+def test_driver_restart_while_a_claim_is_prepared(node: Node, tmp_path: Path, fake_class: str) -> None:
+    state = tmp_path / "state"
+    with fake_driver(node, tmp_path) as first:
+        wait_for("the driver's slices", lambda: len(published(node, FAKE_DRIVER)) == 4)
+        node.apply(template("dr-fake", fake_class))
+        node.run_pod("dra-dr", claims=[{"name": "dev", "resourceClaimTemplateName": "dr-fake"}])
+        assert claim_specs(node, FAKE_DRIVER)
+        assert stop_process(first) == 0, log_of(first)
+    state.mkdir()
+    try:
+        with fake_driver(node, tmp_path / "state") as second:
+            wait_for("the slices of the restarted driver", lambda: len(published(node, FAKE_DRIVER)) == 4)
+            node.delete("pod", "dra-dr")
+            wait_for("the claim unprepared by the restarted driver", lambda: not claim_specs(node, FAKE_DRIVER))
+            assert second.poll() is None, log_of(second)
+            assert '"event": "unprepared"' in log_of(second) or "unprepare" in log_of(second)
+    finally:
+        node.delete("pod", "dra-dr")
+        node.delete("resourceclaimtemplate", "dr-fake")
+
+
+def test_an_unhealthy_device_is_tainted_and_the_next_claim_gets_another(
+        node: Node, tmp_path: Path, fake_class: str) -> None:
+    state = tmp_path / "devices.json"
+    devices = [{"id": f"fake-{i}"} for i in range(2)]
+    state.write_text(json.dumps({"devices": devices}))
+    with fake_driver(node, tmp_path, "--state-file", str(state)) as driver:
+        wait_for("the driver's slices", lambda: len(published(node, FAKE_DRIVER)) == 2)
+        state.write_text(json.dumps({"devices": [{"id": "fake-0", "health": "Unhealthy"}, {"id": "fake-1"}]}))
+        wait_for("a taint on fake-0", lambda: published(node, FAKE_DRIVER).get("fake-0", {}).get("taints"))
+        node.apply(template("healthy-fake", fake_class))
+        try:
+            node.run_pod("dra-healthy", claims=[{"name": "dev", "resourceClaimTemplateName": "healthy-fake"}])
+            assert allocated_devices(node, "dra-healthy") == ["fake-1"]
+        finally:
+            node.delete("pod", "dra-healthy")
+            node.delete("resourceclaimtemplate", "healthy-fake")
+        assert driver.poll() is None, log_of(driver)
+
+
+def nvidia_driver(node: Node, tmp: Path, model: str):  # type: ignore[no-untyped-def]
+    hook = tmp / "nvidia-cdi-hook"  # the CDI spec's hook: on a machine without NVIDIA's toolkit, a no-op
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    return plugin_process(node, tmp, "devplug-nvidia", "--api", "dra", "--fake-nvml", model,
+                          "--kubelet-root", str(node.kubelet_root), "--cdi-dir", str(node.cdi_dir),
+                          "--node-name", node.name, "--kubeconfig", node.kubeconfig,
+                          "--nvidia-cdi-hook-path", str(hook), "--log-format", "json")
+
+
+@pytest.fixture
+def nvidia_classes(node: Node) -> None:
+    node.kubectl("apply", "-f", str(ROOT / "deploy" / "nvidia-dra" / "driver" / "deviceclasses.yaml"))
+
+
+def test_nvidia_dra_gpu_claim_reaches_the_container(node: Node, tmp_path: Path, nvidia_classes: None) -> None:
+    with nvidia_driver(node, tmp_path, "dgx-a100") as driver:
+        wait_for("gpu.nvidia.com slices", lambda: len(published(node, "gpu.nvidia.com")) == 8, timeout=90)
+        node.apply(template("one-gpu", "gpu.nvidia.com"))
+        try:
+            node.run_pod("dra-gpu", claims=[{"name": "dev", "resourceClaimTemplateName": "one-gpu"}])
+            (device,) = allocated_devices(node, "dra-gpu")
+            minor = device.removeprefix("gpu-")
+            nodes = device_nodes(node.logs("dra-gpu", "PATH="))
+            assert f"nvidia{minor}" in nodes, nodes
+            assert not {n for n in nodes if n.startswith("nvidia") and n[6:].isdigit()} - {f"nvidia{minor}"}
+        finally:
+            node.delete("pod", "dra-gpu")
+            node.delete("resourceclaimtemplate", "one-gpu")
+        wait_for("the GPU claim's spec removed", lambda: not claim_specs(node, "gpu.nvidia.com"))
+        assert driver.poll() is None, log_of(driver)
+
+
+def test_nvidia_dra_mig_device_through_the_mig_class(node: Node, tmp_path: Path, nvidia_classes: None) -> None:
+    with nvidia_driver(node, tmp_path, "mig-mixed") as driver:
+        def migs() -> dict[str, Any]:
+            return {n: d for n, d in published(node, "gpu.nvidia.com").items()
+                    if d.get("attributes", {}).get("type", {}).get("string") == "mig"}
+        wait_for("MIG devices in the slices", migs, timeout=90)
+        node.apply(template("one-mig", "mig.nvidia.com"))
+        try:
+            node.run_pod("dra-mig", claims=[{"name": "dev", "resourceClaimTemplateName": "one-mig"}])
+            (device,) = allocated_devices(node, "dra-mig")
+            assert device in migs()
+        finally:
+            node.delete("pod", "dra-mig")
+            node.delete("resourceclaimtemplate", "one-mig")
+        assert driver.poll() is None, log_of(driver)
+
+
+def test_an_unchanged_pod_asking_nvidia_gpu_is_served_through_dra(
+        node: Node, tmp_path: Path, nvidia_classes: None) -> None:
+    # deploy/nvidia-dra/extended-resource's patch, on the class alone (its kustomization also
+    # deploys the driver's DaemonSet, which this test runs on the host instead)
+    node.kubectl("patch", "deviceclass", "gpu.nvidia.com", "--type", "json", "--patch-file",
+                 str(ROOT / "deploy" / "nvidia-dra" / "extended-resource" / "extended-resource-name.yaml"))
+    try:
+        with nvidia_driver(node, tmp_path, "dgx-a100") as driver:
+            wait_for("gpu.nvidia.com slices", lambda: len(published(node, "gpu.nvidia.com")) == 8, timeout=90)
+            try:
+                node.run_pod("ext-gpu", resources={"nvidia.com/gpu": 1})
+                status = node.get("pod", "ext-gpu")["status"]
+                assert status.get("extendedResourceClaimStatus"), status
+                nodes = device_nodes(node.logs("ext-gpu", "PATH="))
+                assert len({n for n in nodes if n.startswith("nvidia") and n[6:].isdigit()}) == 1, nodes
+            finally:
+                node.delete("pod", "ext-gpu")
+            assert driver.poll() is None, log_of(driver)
+    finally:
+        node.kubectl("replace", "-f", str(ROOT / "deploy" / "nvidia-dra" / "driver" / "deviceclasses.yaml"))
