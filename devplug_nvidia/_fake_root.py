@@ -17,9 +17,11 @@ normally, on SIGTERM or SIGINT, or on a start-up error. A driver root that is gi
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import textwrap
@@ -73,24 +75,34 @@ def models_help() -> str:
 
 
 def write_tree(model: MachineModel, root: Path) -> Path:
-    """:func:`~devplug_nvidia.testing.write_root`, with the ``/dev`` stand-ins made links to
-    ``/dev/null``: character devices to whoever stats them (the host-path check of Allocate's
-    device specs), which plain files are not, and making real nodes would need root."""
+    """:func:`~devplug_nvidia.testing.write_root`, with the ``/dev`` stand-ins made character
+    devices with ``/dev/null``'s numbers, which plain files are not (the host-path check of
+    Allocate's device specs, and a container runtime's CDI injection, want device nodes).
+
+    As root they are real nodes (``mknod``): containerd's CDI injection does not follow links
+    (``not a device node``). Without root, where ``mknod`` is refused, links to ``/dev/null``,
+    which satisfy whoever follows them (the host-path check)."""
     from devplug_nvidia.testing import write_root
 
     dev = root / "dev"
-    for path in _links(dev):  # a tree written before: write_root would touch /dev/null
+    for path in _stand_ins(dev):  # a tree written before: write_root would write to /dev/null
         path.unlink()
     write_root(model, root)
+    null = os.stat(DEV_NULL)
     for path in sorted(dev.rglob("*")):
         if path.is_file() and not path.is_symlink():
             path.unlink()
-            path.symlink_to(DEV_NULL)
+            try:
+                os.mknod(path, stat.S_IFCHR | 0o666, null.st_rdev)
+            except PermissionError:
+                path.symlink_to(DEV_NULL)
     return root
 
 
-def _links(folder: Path) -> list[Path]:
-    return [p for p in folder.rglob("*") if p.is_symlink()] if folder.is_dir() else []
+def _stand_ins(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return [p for p in folder.rglob("*") if p.is_symlink() or p.is_char_device()]
 
 
 class _Terminated(SystemExit):

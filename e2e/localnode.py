@@ -42,7 +42,7 @@ CONTAINERD = "v2.4.2"
 PAUSE_IMAGE = "docker.io/local/pause:1"
 BUSYBOX_IMAGE = "docker.io/local/busybox:1"
 CACHE = Path(os.environ.get("DEVPLUG_E2E_CACHE") or Path.home() / ".cache" / "devplug-e2e")
-DEFAULT_RUN = Path(os.environ.get("DEVPLUG_E2E_RUN") or "/tmp/devplug-e2e-node")
+DEFAULT_RUN = Path(os.environ.get("DEVPLUG_E2E_RUN") or "/tmp/devplug-e2e-node")  # noqa: S108 (the node's own)
 
 
 def _default_node_name() -> str:
@@ -54,8 +54,9 @@ def _default_node_name() -> str:
     """
     host = socket.gethostname()
     with contextlib.suppress(OSError):
+        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
         if re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", host) and all(
-            info[4][0].startswith("127.") or info[4][0] == "::1" for info in socket.getaddrinfo(host, None)
+            a.startswith("127.") or a == "::1" for a in addresses
         ):
             return host
     return "devplug-e2e"
@@ -135,7 +136,11 @@ def _module_file(module: str, version: str, log: Path, cwd: Path) -> str:
     full = dict(os.environ, GOTOOLCHAIN="local", GOFLAGS="-mod=mod")
     res = subprocess.run(
         ["go", "mod", "download", "-json", f"{module}@{version}"],
-        cwd=cwd, capture_output=True, text=True, env=full, check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=full,
+        check=False,
     )
     with log.open("a") as out:
         out.write(res.stdout + res.stderr)
@@ -186,27 +191,54 @@ def build(version: str) -> None:
     src.mkdir(parents=True, exist_ok=True)
     klog = logs / f"build-kubernetes-{version}.log"
     gomod = _module_file("k8s.io/kubernetes", version, klog, src)
-    staging_version = "v0." + version[len("v1."):]
+    staging_version = "v0." + version[len("v1.") :]
     minor = version.split(".")[1]
 
     def k8s(tmp: Path) -> None:
         lines = [
-            "module devplug.local/e2e/kubernetes", "", "go 1.26.0", "",
-            f"require k8s.io/kubernetes {version}", "", "replace (",
-            *(f"\t{m} => {m} {staging_version}" for m in _staging_modules(gomod)), ")", "",
+            "module devplug.local/e2e/kubernetes",
+            "",
+            "go 1.26.0",
+            "",
+            f"require k8s.io/kubernetes {version}",
+            "",
+            "replace (",
+            *(f"\t{m} => {m} {staging_version}" for m in _staging_modules(gomod)),
+            ")",
+            "",
         ]
         (src / "go.mod").write_text("\n".join(lines))
         ldflags = " ".join(
             f"-X k8s.io/component-base/version.{k}={v}"
-            for k, v in (("gitVersion", version), ("gitMajor", "1"), ("gitMinor", minor),
-                         ("gitTreeState", "clean"))
+            for k, v in (
+                ("gitVersion", version),
+                ("gitMajor", "1"),
+                ("gitMinor", minor),
+                ("gitTreeState", "clean"),
+            )
         )
-        _go(["build", "-tags", "providerless", "-trimpath", "-ldflags", ldflags, "-o", str(tmp) + "/",
-             *(f"k8s.io/kubernetes/cmd/{c}" for c in K8S_COMMANDS)], src, klog, {"CGO_ENABLED": "1"})
+        _go(
+            [
+                "build",
+                "-tags",
+                "providerless",
+                "-trimpath",
+                "-ldflags",
+                ldflags,
+                "-o",
+                str(tmp) + "/",
+                *(f"k8s.io/kubernetes/cmd/{c}" for c in K8S_COMMANDS),
+            ],
+            src,
+            klog,
+            {"CGO_ENABLED": "1"},
+        )
 
     built |= _build_step(f"kubernetes {version}", kdir, K8S_COMMANDS, klog, k8s)
 
-    etcd_version = _required(gomod, "go.etcd.io/etcd/server/v3") or _required(gomod, "go.etcd.io/etcd/client/v3")
+    etcd_version = _required(gomod, "go.etcd.io/etcd/server/v3") or _required(
+        gomod, "go.etcd.io/etcd/client/v3"
+    )
     if etcd_version is None:
         raise Failure(f"kubernetes {version}: its go.mod names no etcd version; log: {klog}")
     edir = etcd_dir(etcd_version)
@@ -215,10 +247,15 @@ def build(version: str) -> None:
     def etcd(tmp: Path) -> None:
         (edir / "src").mkdir(parents=True, exist_ok=True)
         (edir / "src" / "go.mod").write_text(
-            f"module devplug.local/e2e/etcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 {etcd_version}\n"
+            "module devplug.local/e2e/etcd\n\ngo 1.26.0\n\n"
+            f"require go.etcd.io/etcd/server/v3 {etcd_version}\n"
         )
-        _go(["build", "-trimpath", "-o", str(tmp / "etcd"), "go.etcd.io/etcd/server/v3"], edir / "src", elog,
-            {"CGO_ENABLED": "0"})
+        _go(
+            ["build", "-trimpath", "-o", str(tmp / "etcd"), "go.etcd.io/etcd/server/v3"],
+            edir / "src",
+            elog,
+            {"CGO_ENABLED": "0"},
+        )
 
     built |= _build_step(f"etcd {etcd_version}", edir, ("etcd",), elog, etcd)
 
@@ -232,17 +269,33 @@ def build(version: str) -> None:
             f"require github.com/containerd/containerd/v2 {CONTAINERD}\n"
         )
         ldflags = f"-X github.com/containerd/containerd/v2/version.Version={CONTAINERD}"
-        _go(["build", "-tags", "no_btrfs", "-trimpath", "-ldflags", ldflags, "-o", str(tmp) + "/",
-             *(f"github.com/containerd/containerd/v2/cmd/{c}" for c in CONTAINERD_COMMANDS)],
-            cdir / "src", clog, {"CGO_ENABLED": "0"})
+        _go(
+            [
+                "build",
+                "-tags",
+                "no_btrfs",
+                "-trimpath",
+                "-ldflags",
+                ldflags,
+                "-o",
+                str(tmp) + "/",
+                *(f"github.com/containerd/containerd/v2/cmd/{c}" for c in CONTAINERD_COMMANDS),
+            ],
+            cdir / "src",
+            clog,
+            {"CGO_ENABLED": "0"},
+        )
 
     built |= _build_step(f"containerd {CONTAINERD}", cdir, CONTAINERD_COMMANDS, clog, containerd)
     built |= _images(logs / "build-images.log")
 
     assets = kdir / "assets"  # KUBEBUILDER_ASSETS, as envtest looks for it
     assets.mkdir(exist_ok=True)
-    for name, target in (("kube-apiserver", kdir / "bin" / "kube-apiserver"), ("kubectl", kdir / "bin" / "kubectl"),
-                         ("etcd", edir / "bin" / "etcd")):
+    for name, target in (
+        ("kube-apiserver", kdir / "bin" / "kube-apiserver"),
+        ("kubectl", kdir / "bin" / "kubectl"),
+        ("etcd", edir / "bin" / "etcd"),
+    ):
         link = assets / name
         if not link.is_symlink() or os.readlink(link) != str(target):
             link.unlink(missing_ok=True)
@@ -251,8 +304,10 @@ def build(version: str) -> None:
     if built:
         say(f"kubernetes {version}, etcd {etcd_version}, containerd {CONTAINERD} built in {CACHE}")
     else:
-        say(f"kubernetes {version}, etcd {etcd_version}, containerd {CONTAINERD} already built in {CACHE}; "
-            "nothing to build")
+        say(
+            f"kubernetes {version}, etcd {etcd_version}, containerd {CONTAINERD} already built in {CACHE}; "
+            "nothing to build"
+        )
 
 
 def _debian_packages() -> bool:
@@ -260,8 +315,10 @@ def _debian_packages() -> bool:
     if not missing:
         return False
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise Failure(f"Debian packages missing: {' '.join(missing)} (install them as root: "
-                      f"apt-get install {' '.join(missing)})")
+        raise Failure(
+            f"Debian packages missing: {' '.join(missing)} (install them as root: "
+            f"apt-get install {' '.join(missing)})"
+        )
     log = CACHE / "logs" / "apt.log"
     say(f"installing Debian packages {' '.join(missing)} (log: {log})")
     with log.open("ab") as out:
@@ -269,7 +326,9 @@ def _debian_packages() -> bool:
         rc = subprocess.call(["apt-get", "install", "-y", "-q", *missing], stdout=out, stderr=out, env=env)
         if rc != 0:
             subprocess.call(["apt-get", "update", "-q"], stdout=out, stderr=out, env=env)
-            rc = subprocess.call(["apt-get", "install", "-y", "-q", *missing], stdout=out, stderr=out, env=env)
+            rc = subprocess.call(
+                ["apt-get", "install", "-y", "-q", *missing], stdout=out, stderr=out, env=env
+            )
     if rc != 0:
         raise Failure(f"apt-get install {' '.join(missing)} failed; log: {log}")
     return True
@@ -315,12 +374,17 @@ def _layer(files: dict[str, tuple[bytes | None, int, str | None]]) -> bytes:
 def _image_archive(ref: str, layer: bytes, entrypoint: list[str], cmd: list[str], dest: Path) -> None:
     """A docker-archive tar (what `ctr images import` reads) with one layer."""
     diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
-    config = json.dumps({
-        "architecture": {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine),
-        "os": "linux",
-        "config": {"Entrypoint": entrypoint, "Cmd": cmd, "Env": ["PATH=/bin"], "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-    }, sort_keys=True).encode()
+    config = json.dumps(
+        {
+            "architecture": {"x86_64": "amd64", "aarch64": "arm64"}.get(
+                os.uname().machine, os.uname().machine
+            ),
+            "os": "linux",
+            "config": {"Entrypoint": entrypoint, "Cmd": cmd, "Env": ["PATH=/bin"], "WorkingDir": "/"},
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        },
+        sort_keys=True,
+    ).encode()
     config_name = hashlib.sha256(config).hexdigest() + ".json"
     manifest = json.dumps([{"Config": config_name, "RepoTags": [ref], "Layers": ["layer.tar"]}]).encode()
     tmp = dest.with_suffix(".partial")
@@ -344,17 +408,24 @@ def _images(log: Path) -> bool:
         src = Path(tmp) / "pause.c"
         src.write_text(PAUSE_C)
         with log.open("ab") as logf:
-            rc = subprocess.call(["gcc", "-static", "-Os", "-o", str(Path(tmp) / "pause"), str(src)],
-                                 stdout=logf, stderr=logf)
+            rc = subprocess.call(
+                ["gcc", "-static", "-Os", "-o", str(Path(tmp) / "pause"), str(src)], stdout=logf, stderr=logf
+            )
         if rc != 0:
             raise Failure(f"images: gcc -static failed for the pause image; log: {log}")
         pause = (Path(tmp) / "pause").read_bytes()
     _image_archive(PAUSE_IMAGE, _layer({**dirs, "pause": (pause, 0o755, None)}), ["/pause"], [], pause_tar)
     busybox = Path("/bin/busybox").read_bytes()
-    applets = subprocess.run(["/bin/busybox", "--list"], capture_output=True, text=True, check=True).stdout.split()
+    applets = subprocess.run(
+        ["/bin/busybox", "--list"], capture_output=True, text=True, check=True
+    ).stdout.split()
     files: dict[str, tuple[bytes | None, int, str | None]] = {**dirs, "bin/busybox": (busybox, 0o755, None)}
     files.update({f"bin/{a}": (None, 0o777, "busybox") for a in applets if a != "busybox"})
-    files["etc/passwd"] = (b"root:x:0:0:root:/:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n", 0o644, None)
+    files["etc/passwd"] = (
+        b"root:x:0:0:root:/:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n",
+        0o644,
+        None,
+    )
     files["etc/group"] = (b"root:x:0:\nnogroup:x:65534:\n", 0o644, None)
     _image_archive(BUSYBOX_IMAGE, _layer(files), [], ["/bin/sh"], busybox_tar)
     say(f"made the pause and busybox images in {out}")
@@ -385,12 +456,13 @@ def _start_time(pid: int) -> str | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return None if fields[0] in ("Z", "X") else fields[19]
 
 
-def _alive(entry: dict[str, Any]) -> bool:
-    return _start_time(entry["pid"]) == entry["start"]
+def alive(entry: dict[str, Any]) -> bool:
+    """The process `up` recorded in `entry` still runs (not a later process with its PID)."""
+    return bool(_start_time(entry["pid"]) == entry["start"])
 
 
 class Node:
@@ -427,25 +499,36 @@ class Node:
         return self.run / "containerd" / "containerd.sock"
 
     def env_line(self) -> str:
-        return (f"export KUBECONFIG={self.kubeconfig} KUBELET_ROOT={self.kubelet_root} "
-                f"CDI_DIR={self.cdi_dir} NODE_NAME={self.state['node_name']}")
+        return (
+            f"export KUBECONFIG={self.kubeconfig} KUBELET_ROOT={self.kubelet_root} "
+            f"CDI_DIR={self.cdi_dir} NODE_NAME={self.state['node_name']}"
+        )
 
     def processes(self) -> dict[str, dict[str, Any]]:
         procs: dict[str, dict[str, Any]] = self.state.get("processes", {})
         return procs
 
     def live(self) -> list[str]:
-        return [name for name, entry in self.processes().items() if _alive(entry)]
+        return [name for name, entry in self.processes().items() if alive(entry)]
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = self.logs / f"{name}.log"
         with log.open("ab") as out:
             proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, env=dict(os.environ, **(env or {})), cwd=self.run,
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=dict(os.environ, **(env or {})),
+                cwd=self.run,
             )
         self.state.setdefault("processes", {})[name] = {
-            "pid": proc.pid, "start": _start_time(proc.pid), "log": str(log), "argv": argv, "env": env or {},
+            "pid": proc.pid,
+            "start": _start_time(proc.pid),
+            "log": str(log),
+            "argv": argv,
+            "env": env or {},
         }
         self.save()
         return proc
@@ -468,7 +551,7 @@ def _https_ok(url: str, token: str | None = None) -> bool:
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})  # noqa: S310
     with urllib.request.urlopen(req, context=ctx, timeout=2) as resp:  # noqa: S310 (our own loopback URL)
         return bool(resp.status == 200)
 
@@ -476,8 +559,10 @@ def _https_ok(url: str, token: str | None = None) -> bool:
 def _api_get(node: Node, path: str) -> Any:
     st = node.state
     ctx = ssl.create_default_context(cafile=str(node.run / "pki" / "ca.crt"))
-    req = urllib.request.Request(f"https://127.0.0.1:{st['ports']['apiserver']}{path}",
-                                 headers={"Authorization": f"Bearer {st['token']}"})
+    req = urllib.request.Request(
+        f"https://127.0.0.1:{st['ports']['apiserver']}{path}",
+        headers={"Authorization": f"Bearer {st['token']}"},
+    )
     with urllib.request.urlopen(req, context=ctx, timeout=5) as resp:  # noqa: S310 (our own loopback URL)
         return json.loads(resp.read())
 
@@ -494,19 +579,65 @@ def _certificates(node: Node) -> None:
     pki.mkdir(parents=True, exist_ok=True)
     log = node.logs / "pki.log"
     host = socket.gethostname()
-    _openssl(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650", "-subj", "/CN=devplug-e2e-ca",
-              "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt")], log)
+    _openssl(
+        [
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "3650",
+            "-subj",
+            "/CN=devplug-e2e-ca",
+            "-keyout",
+            str(pki / "ca.key"),
+            "-out",
+            str(pki / "ca.crt"),
+        ],
+        log,
+    )
     ext = pki / "apiserver.ext"
     ext.write_text(
         "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
         f"DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:{host}\n"
         "extendedKeyUsage=serverAuth\n"
     )
-    _openssl(["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kube-apiserver",
-              "-keyout", str(pki / "apiserver.key"), "-out", str(pki / "apiserver.csr")], log)
-    _openssl(["x509", "-req", "-in", str(pki / "apiserver.csr"), "-CA", str(pki / "ca.crt"),
-              "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-days", "3650", "-extfile", str(ext),
-              "-out", str(pki / "apiserver.crt")], log)
+    _openssl(
+        [
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=kube-apiserver",
+            "-keyout",
+            str(pki / "apiserver.key"),
+            "-out",
+            str(pki / "apiserver.csr"),
+        ],
+        log,
+    )
+    _openssl(
+        [
+            "x509",
+            "-req",
+            "-in",
+            str(pki / "apiserver.csr"),
+            "-CA",
+            str(pki / "ca.crt"),
+            "-CAkey",
+            str(pki / "ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "3650",
+            "-extfile",
+            str(ext),
+            "-out",
+            str(pki / "apiserver.crt"),
+        ],
+        log,
+    )
     _openssl(["genrsa", "-out", str(pki / "sa.key"), "2048"], log)
     _openssl(["rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub")], log)
 
@@ -514,12 +645,21 @@ def _certificates(node: Node) -> None:
 def _kubeconfig(node: Node, user: str, token: str, path: Path) -> None:
     ca = base64.b64encode((node.run / "pki" / "ca.crt").read_bytes()).decode()
     server = f"https://127.0.0.1:{node.state['ports']['apiserver']}"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "devplug-e2e",
-        "clusters": [{"name": "devplug-e2e", "cluster": {"server": server, "certificate-authority-data": ca}}],
-        "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [{"name": "devplug-e2e", "context": {"cluster": "devplug-e2e", "user": user}}],
-    }, indent=1))
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "devplug-e2e",
+                "clusters": [
+                    {"name": "devplug-e2e", "cluster": {"server": server, "certificate-authority-data": ca}}
+                ],
+                "users": [{"name": user, "user": {"token": token}}],
+                "contexts": [{"name": "devplug-e2e", "context": {"cluster": "devplug-e2e", "user": user}}],
+            },
+            indent=1,
+        )
+    )
     path.chmod(0o600)
 
 
@@ -534,27 +674,33 @@ def _read_sysctls() -> dict[str, str]:
 def _containerd_config(node: Node, kdir: Path) -> Path:
     c = node.run / "containerd"
     (node.run / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
-    (node.run / "cni" / "net.d" / "10-loopback.conflist").write_text(json.dumps({
-        "cniVersion": "0.4.0", "name": "devplug-e2e-loopback", "plugins": [{"type": "loopback"}],
-    }))
+    (node.run / "cni" / "net.d" / "10-loopback.conflist").write_text(
+        json.dumps(
+            {
+                "cniVersion": "0.4.0",
+                "name": "devplug-e2e-loopback",
+                "plugins": [{"type": "loopback"}],
+            }
+        )
+    )
     node.cdi_dir.mkdir(parents=True, exist_ok=True)
     cri_runtime = 'plugins."io.containerd.cri.v1.runtime"'
     config = f"""version = 3
-root = "{c / 'root'}"
-state = "{c / 'state'}"
+root = "{c / "root"}"
+state = "{c / "state"}"
 disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.tracing"]
 
 [grpc]
   address = "{node.containerd_socket}"
 
 [ttrpc]
-  address = "{c / 'containerd.sock.ttrpc'}"
+  address = "{c / "containerd.sock.ttrpc"}"
 
 [debug]
   address = ""
 
 [plugins."io.containerd.internal.v1.opt"]
-  path = "{c / 'opt'}"
+  path = "{c / "opt"}"
 
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "overlayfs"
@@ -575,7 +721,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
         SystemdCgroup = false
   [{cri_runtime}.cni]
     bin_dirs = ["/usr/lib/cni"]
-    conf_dir = "{node.run / 'cni' / 'net.d'}"
+    conf_dir = "{node.run / "cni" / "net.d"}"
 
 [plugins."io.containerd.grpc.v1.cri"]
   stream_server_address = "127.0.0.1"
@@ -609,8 +755,12 @@ def _kubelet_config(node: Node) -> Path:
         "volumePluginDir": str(node.run / "volume-plugins"),
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
-                         "nodefs.inodesFree": "1%"},
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+        },
         "serializeImagePulls": False,
         "rotateCertificates": False,
         "protectKernelDefaults": False,
@@ -630,9 +780,11 @@ def _cgroup_dirs(root: str) -> list[Path]:
     base = Path("/sys/fs/cgroup")
     if (base / "cgroup.controllers").exists():  # cgroup v2: one hierarchy
         return [base / root.strip("/")]
-    return [base / d / root.strip("/") for d in sorted(os.listdir(base))
-            if (base / d).is_dir() and not (base / d).is_symlink() and d not in ("unified",)
-            and (base / d / "cgroup.procs").exists()]
+    return [
+        base / d / root.strip("/")
+        for d in sorted(os.listdir(base))
+        if (base / d).is_dir() and not (base / d).is_symlink() and (base / d / "cgroup.procs").exists()
+    ]
 
 
 def _mount_namespace(node: Node) -> list[str]:
@@ -655,9 +807,12 @@ def _mount_namespace(node: Node) -> list[str]:
         f"mount --bind '{node.kubelet_root / 'device-plugins'}' /var/lib/kubelet/device-plugins; "
         "mount -t tmpfs -o mode=0755 devplug-e2e /var/log"
     )
-    for argv in (["mount", "--bind", str(ns), str(ns)], ["mount", "--make-private", str(ns)],
-                 ["touch", str(ns / "mnt")],
-                 ["unshare", f"--mount={ns / 'mnt'}", "--propagation", "private", "sh", "-c", setup]):
+    for argv in (
+        ["mount", "--bind", str(ns), str(ns)],
+        ["mount", "--make-private", str(ns)],
+        ["touch", str(ns / "mnt")],
+        ["unshare", f"--mount={ns / 'mnt'}", "--propagation", "private", "sh", "-c", setup],
+    ):
         with log.open("ab") as out:
             if subprocess.call(argv, stdout=out, stderr=out) != 0:
                 raise Failure(f"mount namespace: {' '.join(argv[:2])} failed; log: {log}")
@@ -674,8 +829,10 @@ def up(version: str, run: Path, node_name: str) -> None:
             say(f"already up in {node.run}")
             print(node.env_line())
             return
-        say(f"a previous node in {node.run} is incomplete ({', '.join(live) or 'nothing'} running); "
-            "taking it down first")
+        say(
+            f"a previous node in {node.run} is incomplete ({', '.join(live) or 'nothing'} running); "
+            "taking it down first"
+        )
         down(run, quiet=True)
         node = Node(run)
     build(version)
@@ -691,14 +848,31 @@ def up(version: str, run: Path, node_name: str) -> None:
     node.logs.mkdir(exist_ok=True)
     for old in node.logs.glob("*.log"):
         old.unlink()
-    ports = dict(zip(
-        ("etcd_client", "etcd_peer", "etcd_metrics", "apiserver", "controller_manager", "scheduler", "kubelet",
-         "kubelet_healthz"), _free_ports(8), strict=True))
+    ports = dict(
+        zip(
+            (
+                "etcd_client",
+                "etcd_peer",
+                "etcd_metrics",
+                "apiserver",
+                "controller_manager",
+                "scheduler",
+                "kubelet",
+                "kubelet_healthz",
+            ),
+            _free_ports(8),
+            strict=True,
+        )
+    )
     token = base64.b32encode(os.urandom(20)).decode().lower()
     node.state = {
-        "version": version, "node_name": node_name, "ports": ports, "token": token,
+        "version": version,
+        "node_name": node_name,
+        "ports": ports,
+        "token": token,
         "cgroup_root": f"/devplug-e2e-{hashlib.sha256(str(node.run).encode()).hexdigest()[:8]}",
-        "sysctls": _read_sysctls(), "processes": {},
+        "sysctls": _read_sysctls(),
+        "processes": {},
     }
     node.save()
     try:
@@ -724,62 +898,127 @@ def _up(node: Node, version: str) -> None:
     _kubeconfig(node, "admin", node.state["token"], node.kubeconfig)
 
     started = time.monotonic()
-    etcd = node.start("etcd", [
-        str(etcd_dir(etcd_version) / "bin" / "etcd"), "--name", "devplug-e2e", "--data-dir", str(run / "etcd"),
-        "--listen-client-urls", f"http://127.0.0.1:{p['etcd_client']}",
-        "--advertise-client-urls", f"http://127.0.0.1:{p['etcd_client']}",
-        "--listen-peer-urls", f"http://127.0.0.1:{p['etcd_peer']}",
-        "--initial-advertise-peer-urls", f"http://127.0.0.1:{p['etcd_peer']}",
-        "--initial-cluster", f"devplug-e2e=http://127.0.0.1:{p['etcd_peer']}",
-        "--listen-metrics-urls", f"http://127.0.0.1:{p['etcd_metrics']}",
-        "--unsafe-no-fsync", "--log-level", "warn",
-    ])
+    etcd = node.start(
+        "etcd",
+        [
+            str(etcd_dir(etcd_version) / "bin" / "etcd"),
+            "--name",
+            "devplug-e2e",
+            "--data-dir",
+            str(run / "etcd"),
+            "--listen-client-urls",
+            f"http://127.0.0.1:{p['etcd_client']}",
+            "--advertise-client-urls",
+            f"http://127.0.0.1:{p['etcd_client']}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{p['etcd_peer']}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{p['etcd_peer']}",
+            "--initial-cluster",
+            f"devplug-e2e=http://127.0.0.1:{p['etcd_peer']}",
+            "--listen-metrics-urls",
+            f"http://127.0.0.1:{p['etcd_metrics']}",
+            "--unsafe-no-fsync",
+            "--log-level",
+            "warn",
+        ],
+    )
 
     def etcd_ready() -> bool:
         url = f"http://127.0.0.1:{p['etcd_client']}/health"
-        with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 (our own loopback URL)
+        with urllib.request.urlopen(url, timeout=2) as resp:
             return bool(json.loads(resp.read()).get("health") == "true")
 
     _wait("etcd", node.logs / "etcd.log", etcd, etcd_ready, 60)
 
-    apiserver = node.start("kube-apiserver", [
-        str(kbin / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{p['etcd_client']}",
-        f"--secure-port={p['apiserver']}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-        f"--client-ca-file={pki / 'ca.crt'}", f"--token-auth-file={run / 'tokens.csv'}",
-        "--authorization-mode=Node,RBAC", "--allow-privileged=true",
-        "--service-account-issuer=https://kubernetes.default.svc",
-        f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
-        "--service-cluster-ip-range=10.0.0.0/24", "--kubelet-preferred-address-types=Hostname",
-        # a loopback advertise address cannot be the kubernetes Service's endpoint: no endpoints
-        # (nothing routes the Service's address here anyway: no kube-proxy, no pod network)
-        "--endpoint-reconciler-type=none",
-        "--enable-priority-and-fairness=false", "--profiling=false", "--v=1",
-    ])
-    _wait("kube-apiserver", node.logs / "kube-apiserver.log", apiserver,
-          lambda: _https_ok(f"https://127.0.0.1:{p['apiserver']}/readyz", node.state["token"]), 120)
+    apiserver = node.start(
+        "kube-apiserver",
+        [
+            str(kbin / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{p['etcd_client']}",
+            f"--secure-port={p['apiserver']}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--token-auth-file={run / 'tokens.csv'}",
+            "--authorization-mode=Node,RBAC",
+            "--allow-privileged=true",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--kubelet-preferred-address-types=Hostname",
+            # a loopback advertise address cannot be the kubernetes Service's endpoint: no endpoints
+            # (nothing routes the Service's address here anyway: no kube-proxy, no pod network)
+            "--endpoint-reconciler-type=none",
+            "--enable-priority-and-fairness=false",
+            "--profiling=false",
+            "--v=1",
+        ],
+    )
+    _wait(
+        "kube-apiserver",
+        node.logs / "kube-apiserver.log",
+        apiserver,
+        lambda: _https_ok(f"https://127.0.0.1:{p['apiserver']}/readyz", node.state["token"]),
+        120,
+    )
 
-    kcm = node.start("kube-controller-manager", [
-        str(kbin / "kube-controller-manager"), f"--kubeconfig={node.kubeconfig}",
-        f"--authentication-kubeconfig={node.kubeconfig}", f"--authorization-kubeconfig={node.kubeconfig}",
-        f"--secure-port={p['controller_manager']}", "--bind-address=127.0.0.1", "--leader-elect=false",
-        f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
-        "--use-service-account-credentials=true", "--controllers=*", "--profiling=false", "--v=1",
-    ])
-    scheduler = node.start("kube-scheduler", [
-        str(kbin / "kube-scheduler"), f"--kubeconfig={node.kubeconfig}",
-        f"--authentication-kubeconfig={node.kubeconfig}", f"--authorization-kubeconfig={node.kubeconfig}",
-        f"--secure-port={p['scheduler']}", "--bind-address=127.0.0.1", "--leader-elect=false",
-        "--profiling=false", "--v=1",
-    ])
+    kcm = node.start(
+        "kube-controller-manager",
+        [
+            str(kbin / "kube-controller-manager"),
+            f"--kubeconfig={node.kubeconfig}",
+            f"--authentication-kubeconfig={node.kubeconfig}",
+            f"--authorization-kubeconfig={node.kubeconfig}",
+            f"--secure-port={p['controller_manager']}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            "--use-service-account-credentials=true",
+            "--controllers=*",
+            "--profiling=false",
+            "--v=1",
+        ],
+    )
+    scheduler = node.start(
+        "kube-scheduler",
+        [
+            str(kbin / "kube-scheduler"),
+            f"--kubeconfig={node.kubeconfig}",
+            f"--authentication-kubeconfig={node.kubeconfig}",
+            f"--authorization-kubeconfig={node.kubeconfig}",
+            f"--secure-port={p['scheduler']}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+            "--profiling=false",
+            "--v=1",
+        ],
+    )
     config = _containerd_config(node, kbin)
     inside = _mount_namespace(node)
-    containerd = node.start("containerd", [*inside, str(cbin / "containerd"), "--config", str(config)],
-                            env={"PATH": f"{cbin}:{os.environ.get('PATH', '/usr/bin:/bin')}"})
-    _wait("kube-controller-manager", node.logs / "kube-controller-manager.log", kcm,
-          lambda: _https_ok(f"https://127.0.0.1:{p['controller_manager']}/healthz"), 60)
-    _wait("kube-scheduler", node.logs / "kube-scheduler.log", scheduler,
-          lambda: _https_ok(f"https://127.0.0.1:{p['scheduler']}/healthz"), 60)
+    containerd = node.start(
+        "containerd",
+        [*inside, str(cbin / "containerd"), "--config", str(config)],
+        env={"PATH": f"{cbin}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
+    )
+    _wait(
+        "kube-controller-manager",
+        node.logs / "kube-controller-manager.log",
+        kcm,
+        lambda: _https_ok(f"https://127.0.0.1:{p['controller_manager']}/healthz"),
+        60,
+    )
+    _wait(
+        "kube-scheduler",
+        node.logs / "kube-scheduler.log",
+        scheduler,
+        lambda: _https_ok(f"https://127.0.0.1:{p['scheduler']}/healthz"),
+        60,
+    )
     ctr = [str(cbin / "ctr"), "--address", str(node.containerd_socket), "--namespace", "k8s.io"]
 
     def containerd_ready() -> bool:
@@ -788,18 +1027,27 @@ def _up(node: Node, version: str) -> None:
     _wait("containerd", node.logs / "containerd.log", containerd, containerd_ready, 60)
     for tar in ("pause.tar", "busybox.tar"):
         with (node.logs / "images.log").open("ab") as out:
-            rc = subprocess.call([*ctr, "images", "import", "--no-unpack", str(images_dir() / tar)],
-                                 stdout=out, stderr=out)
+            rc = subprocess.call(
+                [*ctr, "images", "import", "--no-unpack", str(images_dir() / tar)], stdout=out, stderr=out
+            )
         if rc != 0:
             raise Failure(f"containerd: importing {tar} failed; log: {node.logs / 'images.log'}")
 
     for cg in _cgroup_dirs(node.state["cgroup_root"]):
         cg.mkdir(exist_ok=True)
-    kubelet = node.start("kubelet", [
-        *inside, str(kbin / "kubelet"), f"--config={_kubelet_config(node)}", f"--kubeconfig={node.kubeconfig}",
-        f"--root-dir={node.kubelet_root}", f"--cert-dir={node.kubelet_root / 'pki'}",
-        f"--hostname-override={node.state['node_name']}", "--v=2",
-    ])
+    kubelet = node.start(
+        "kubelet",
+        [
+            *inside,
+            str(kbin / "kubelet"),
+            f"--config={_kubelet_config(node)}",
+            f"--kubeconfig={node.kubeconfig}",
+            f"--root-dir={node.kubelet_root}",
+            f"--cert-dir={node.kubelet_root / 'pki'}",
+            f"--hostname-override={node.state['node_name']}",
+            "--v=2",
+        ],
+    )
 
     def node_ready() -> bool:
         obj = _api_get(node, f"/api/v1/nodes/{node.state['node_name']}")
@@ -826,10 +1074,12 @@ def _processes() -> dict[int, tuple[int, str]]:
             continue
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmdline = (
+                Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            )
         except OSError:
             continue
-        out[int(entry)] = (int(stat[stat.rindex(")") + 2:].split()[1]), cmdline)
+        out[int(entry)] = (int(stat[stat.rindex(")") + 2 :].split()[1]), cmdline)
     return out
 
 
@@ -925,15 +1175,18 @@ def down(run: Path, quiet: bool = False) -> None:
     if not quiet:
         what = ", ".join(name for name in ORDER if name in live)
         what = f"stopped {what}" if what else "nothing was running"
-        say(f"down: {what}" + (f", and {shims} pod sandboxes" if shims else "")
-            + f"; cleaned {node.run} (logs kept in {node.logs})")
+        say(
+            f"down: {what}"
+            + (f", and {shims} pod sandboxes" if shims else "")
+            + f"; cleaned {node.run} (logs kept in {node.logs})"
+        )
 
 
 def restart(run: Path, name: str, how: signal.Signals = signal.SIGTERM, pause: float = 0.0) -> None:
     """Stop one component of a running node with `how` and start it again as `up` did."""
     node = Node(run)
     entry = node.processes().get(name)
-    if entry is None or not _alive(entry):
+    if entry is None or not alive(entry):
         raise Failure(f"{name} is not running in {node.run}")
     pid = entry["pid"]
     os.kill(pid, how)
@@ -950,6 +1203,22 @@ def restart(run: Path, name: str, how: signal.Signals = signal.SIGTERM, pause: f
     say(f"{name} restarted after {how.name}")
 
 
+def _kubectl(run: Path, args: list[str]) -> None:
+    node = Node(run)
+    if not node.state or "kube-apiserver" not in node.live():
+        fail(f"nothing is up in {node.run} (e2e/node up starts a node)")
+    kubectl = k8s_dir(node.state["version"]) / "bin" / "kubectl"
+    env = dict(os.environ, KUBECACHEDIR=str(node.run / "kubectl-cache"))  # not ~/.kube/cache
+    os.execve(kubectl, [str(kubectl), f"--kubeconfig={node.kubeconfig}", *args], env)  # noqa: S606 (our kubectl)
+
+
+def _env(run: Path) -> None:
+    node = Node(run)
+    if not node.state or not node.live():
+        fail(f"nothing is up in {node.run}")
+    print(node.env_line())
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="{build,up,down,env,restart,kubectl}")
@@ -957,17 +1226,31 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--k8s", default=DEFAULT_K8S, help=f"Kubernetes release (default {DEFAULT_K8S})")
     u = sub.add_parser("up", help="start a node and print the export line")
     u.add_argument("--k8s", default=DEFAULT_K8S, help=f"Kubernetes release (default {DEFAULT_K8S})")
-    u.add_argument("--node-name", default=DEFAULT_NODE_NAME, help=f"the node's name (default {DEFAULT_NODE_NAME})")
+    u.add_argument(
+        "--node-name", default=DEFAULT_NODE_NAME, help=f"the node's name (default {DEFAULT_NODE_NAME})"
+    )
     r = sub.add_parser("restart", help="stop one component with a signal and start it again as up did")
     r.add_argument("component", choices=ORDER)
-    r.add_argument("--signal", choices=("TERM", "KILL", "INT"), default="TERM", help="how to stop it (default TERM)")
-    k = sub.add_parser("kubectl", help="the node's kubectl with its kubeconfig: e2e/node kubectl get pods",
-                       add_help=False)
+    r.add_argument(
+        "--signal", choices=("TERM", "KILL", "INT"), default="TERM", help="how to stop it (default TERM)"
+    )
+    k = sub.add_parser(
+        "kubectl", help="the node's kubectl with its kubeconfig: e2e/node kubectl get pods", add_help=False
+    )
     k.add_argument("args", nargs=argparse.REMAINDER)
-    for p in (u, sub.add_parser("down", help="stop what up started and clean up"),
-              sub.add_parser("env", help="print the export line of a running node"), r, k):
-        p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN,
-                       help=f"the node's run directory (default {DEFAULT_RUN}, or $DEVPLUG_E2E_RUN)")
+    for p in (
+        u,
+        sub.add_parser("down", help="stop what up started and clean up"),
+        sub.add_parser("env", help="print the export line of a running node"),
+        r,
+        k,
+    ):
+        p.add_argument(
+            "--run-dir",
+            type=Path,
+            default=DEFAULT_RUN,
+            help=f"the node's run directory (default {DEFAULT_RUN}, or $DEVPLUG_E2E_RUN)",
+        )
     args = parser.parse_args(argv)
     if args.command in ("build", "up"):
         _check_version(args.k8s)
@@ -975,27 +1258,16 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"{args.command} needs root (the kubelet and containerd manage mounts and cgroups)", 2)
     if args.command == "up" and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", args.node_name):
         fail(f"--node-name {args.node_name!r}: not a valid node name (lower-case letters, digits and '-')", 2)
+    commands = {
+        "build": lambda: build(args.k8s),
+        "up": lambda: up(args.k8s, args.run_dir, args.node_name),
+        "down": lambda: down(args.run_dir),
+        "restart": lambda: restart(args.run_dir, args.component, signal.Signals[f"SIG{args.signal}"]),
+        "kubectl": lambda: _kubectl(args.run_dir, args.args),
+        "env": lambda: _env(args.run_dir),
+    }
     try:
-        if args.command == "build":
-            build(args.k8s)
-        elif args.command == "up":
-            up(args.k8s, args.run_dir, args.node_name)
-        elif args.command == "down":
-            down(args.run_dir)
-        elif args.command == "restart":
-            restart(args.run_dir, args.component, signal.Signals[f"SIG{args.signal}"])
-        elif args.command == "kubectl":
-            node = Node(args.run_dir)
-            if not node.state or "kube-apiserver" not in node.live():
-                fail(f"nothing is up in {node.run} (e2e/node up starts a node)")
-            kubectl = k8s_dir(node.state["version"]) / "bin" / "kubectl"
-            env = dict(os.environ, KUBECACHEDIR=str(node.run / "kubectl-cache"))  # not ~/.kube/cache
-            os.execve(kubectl, [str(kubectl), f"--kubeconfig={node.kubeconfig}", *args.args], env)
-        else:
-            node = Node(args.run_dir)
-            if not node.state or not node.live():
-                fail(f"nothing is up in {node.run}")
-            print(node.env_line())
+        commands[args.command]()
     except Failure as exc:
         fail(str(exc))
     except KeyboardInterrupt:

@@ -217,7 +217,7 @@ async def test_three_terminals(project: Path) -> None:
 
 
 def test_the_dra_command_names_flags_that_exist(project: Path) -> None:
-    line = sh_block("--api dra").text.strip()
+    line = sh_block("devplug run serialports:SerialPorts --api dra").text.strip()
     argv = shlex.split(line)
     assert argv[:3] == ["devplug", "run", "serialports:SerialPorts"]
     known = help_text([*command("devplug"), "run", "serialports:SerialPorts"], cwd=project)

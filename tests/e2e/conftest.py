@@ -22,9 +22,18 @@ NODE_SCRIPT = ROOT / "e2e" / "node"
 RUN_PREFIX = "devplug-e2e-tests-"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`before_device_plugins` tests first: once a device plugin served a resource, the real kubelet
+    keeps it as a registered resource for 5 minutes after the plugin went (its device manager's
+    grace period), and handles a container's request for it itself ("endpoint not found in cache
+    for a registered resource") even where the scheduler gave it through DRA (KEP-5004)."""
+    items.sort(key=lambda item: item.get_closest_marker("before_device_plugins") is None)
+
+
 def _down(run: Path) -> None:
-    subprocess.run([str(NODE_SCRIPT), "down", "--run-dir", str(run)], capture_output=True, timeout=120,
-                   check=False)
+    subprocess.run(
+        [str(NODE_SCRIPT), "down", "--run-dir", str(run)], capture_output=True, timeout=120, check=False
+    )
 
 
 def _left_behind() -> None:
@@ -37,7 +46,7 @@ def _left_behind() -> None:
 
 
 @pytest.fixture(scope="session")
-def node() -> Iterator[Node]:
+def node(request: pytest.FixtureRequest) -> Iterator[Node]:
     if os.geteuid() != 0:
         reason = "the real node needs root: the kubelet and containerd manage mounts and cgroups"
         if os.environ.get("DEVPLUG_E2E_REQUIRED"):  # CI: a skipped real-node suite is a failure
@@ -46,8 +55,13 @@ def node() -> Iterator[Node]:
     _left_behind()
     run = Path(tempfile.gettempdir()) / f"{RUN_PREFIX}{os.getpid()}"
     atexit.register(_down, run)
-    res = subprocess.run([str(NODE_SCRIPT), "up", "--run-dir", str(run)], capture_output=True, text=True,
-                         timeout=3600, check=False)
+    res = subprocess.run(
+        [str(NODE_SCRIPT), "up", "--run-dir", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
     if res.returncode != 0:
         _down(run)
         pytest.fail(f"e2e/node up failed: {res.stderr.strip().splitlines()[-1:]}", pytrace=False)
@@ -58,3 +72,5 @@ def node() -> Iterator[Node]:
         yield Node(run=run, env=env, version=localnode.DEFAULT_K8S)
     finally:
         _down(run)
+        if not request.session.testsfailed:  # else its logs stay, until the next session's clean-up
+            subprocess.run(["rm", "-rf", str(run)], check=False)

@@ -69,9 +69,16 @@ class Node:
         return self.env["KUBECONFIG"]
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
-        cmd = [str(localnode.k8s_dir(self.version) / "bin" / "kubectl"), "--kubeconfig", self.kubeconfig, *args]
+        cmd = [
+            str(localnode.k8s_dir(self.version) / "bin" / "kubectl"),
+            "--kubeconfig",
+            self.kubeconfig,
+            *args,
+        ]
         env = dict(os.environ, KUBECACHEDIR=str(self.run / "kubectl-cache"))
-        res = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=60, check=False, env=env)
+        res = subprocess.run(
+            cmd, input=stdin, capture_output=True, text=True, timeout=60, check=False, env=env
+        )
         if check and res.returncode != 0:
             raise subprocess.CalledProcessError(res.returncode, cmd, res.stdout, res.stderr)
         return res.stdout
@@ -83,22 +90,36 @@ class Node:
         return json.loads(self.kubectl(*args))
 
     def apply(self, *objects: dict[str, Any]) -> None:
-        self.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                           "items": list(objects)}))
+        self.kubectl(
+            "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)})
+        )
 
     def delete(self, kind: str, name: str, namespace: str = "default", wait: bool = True) -> None:
-        self.kubectl("delete", kind, name, "-n", namespace, "--ignore-not-found", f"--wait={str(wait).lower()}",
-                     "--timeout=60s")
+        self.kubectl(
+            "delete",
+            kind,
+            name,
+            "-n",
+            namespace,
+            "--ignore-not-found",
+            f"--wait={str(wait).lower()}",
+            "--timeout=60s",
+        )
 
     def allocatable(self, resource: str) -> int:
-        return int(self.get("node", self.name, namespace="")["status"].get("allocatable", {}).get(resource, 0))
+        return int(
+            self.get("node", self.name, namespace="")["status"].get("allocatable", {}).get(resource, 0)
+        )
 
     def capacity(self, resource: str) -> int:
         return int(self.get("node", self.name, namespace="")["status"].get("capacity", {}).get(resource, 0))
 
     def wait_allocatable(self, resource: str, count: int, timeout: float = 60) -> None:
-        wait_for(f"{resource} allocatable = {count} on {self.name}",
-                 lambda: self.allocatable(resource) == count, timeout)
+        wait_for(
+            f"{resource} allocatable = {count} on {self.name}",
+            lambda: self.allocatable(resource) == count,
+            timeout,
+        )
 
     def restart(self, component: str, how: signal.Signals = signal.SIGTERM) -> None:
         localnode.restart(self.run, component, how)
@@ -107,24 +128,43 @@ class Node:
         def ready() -> bool:
             conditions = self.get("node", self.name, namespace="")["status"]["conditions"]
             return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
         wait_for(f"node {self.name} Ready", ready, timeout)
 
     # ---- pods
 
-    def run_pod(self, name: str, *, resources: dict[str, int] | None = None,
-                claims: Sequence[dict[str, Any]] = (), command: str = "env; ls -ln /dev; sleep 3600",
-                timeout: float = 90) -> dict[str, Any]:
+    def run_pod(
+        self,
+        name: str,
+        *,
+        resources: dict[str, int] | None = None,
+        claims: Sequence[dict[str, Any]] = (),
+        command: str = "env; ls -ln /dev; sleep 3600",
+        timeout: float = 90,
+    ) -> dict[str, Any]:
         """Create a busybox pod (host network, no registry) and wait until it runs; returns the pod."""
-        container: dict[str, Any] = {"name": "main", "image": localnode.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                                     "command": ["sh", "-c", command]}
+        container: dict[str, Any] = {
+            "name": "main",
+            "image": localnode.BUSYBOX_IMAGE,
+            "imagePullPolicy": "Never",
+            "command": ["sh", "-c", command],
+        }
         if resources:
             container["resources"] = {"limits": {k: str(v) for k, v in resources.items()}}
         if claims:
             container.setdefault("resources", {})["claims"] = [{"name": c["name"]} for c in claims]
         pod = {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-            "spec": {"hostNetwork": True, "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                     "nodeName": None, "containers": [container], "resourceClaims": list(claims)},
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "hostNetwork": True,
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "nodeName": None,
+                "containers": [container],
+                "resourceClaims": list(claims),
+            },
         }
         del pod["spec"]["nodeName"]
         if not claims:
@@ -139,35 +179,45 @@ class Node:
             if phase in ("Failed", "Succeeded"):
                 raise AssertionError(f"pod {name} ended ({phase}): {json.dumps(pod['status'])[:2000]}")
             return pod if phase == "Running" else None
+
         try:
             return wait_for(f"pod {name} Running", running, timeout)
         except AssertionError as exc:
-            events = self.kubectl("get", "events", "--field-selector", f"involvedObject.name={name}", check=False)
+            events = self.kubectl(
+                "get", "events", "--field-selector", f"involvedObject.name={name}", check=False
+            )
             raise AssertionError(f"{exc}\nevents:\n{events}") from None
 
     def logs(self, pod: str, marker: str = "") -> str:
         """The container's output, once it holds `marker` (its command prints, then sleeps)."""
-        return wait_for(f"the output of pod {pod}", lambda: (out := self.kubectl("logs", pod)) and marker in out
-                        and out, timeout=30)
+        return wait_for(
+            f"the output of pod {pod}",
+            lambda: (out := self.kubectl("logs", pod)) and marker in out and out,
+            timeout=30,
+        )
 
     def pod_env(self, pod: str) -> dict[str, str]:
         out = self.logs(pod, "PATH=")
-        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line and not line.startswith(" "))
+        return dict(
+            line.split("=", 1) for line in out.splitlines() if "=" in line and not line.startswith(" ")
+        )
 
     def pods_on_node(self) -> list[dict[str, Any]]:
         return list(self.get("pods", namespace="default")["items"])
 
 
 @contextmanager
-def plugin_process(node: Node, tmp: Path, command: str, *args: str,
-                   env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+def plugin_process(
+    node: Node, tmp: Path, command: str, *args: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """A devplug command (devplug-fake, devplug-nvidia, devplug) as a process for the node."""
     log = tmp / f"{command}.log"
     exe = VENV_BIN / command
     full_env = dict(os.environ, KUBECONFIG=node.kubeconfig, NODE_NAME=node.name, **(env or {}))
     with log.open("ab") as out:
-        proc = subprocess.Popen([str(exe), *args], stdout=out, stderr=subprocess.STDOUT, env=full_env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [str(exe), *args], stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+        )
     proc.log = log  # type: ignore[attr-defined]
     try:
         yield proc
@@ -190,6 +240,19 @@ def stop_process(proc: subprocess.Popen[bytes], how: signal.Signals = signal.SIG
 
 def log_of(proc: subprocess.Popen[bytes]) -> str:
     return Path(proc.log).read_text(errors="replace")  # type: ignore[attr-defined]
+
+
+def events(proc: subprocess.Popen[bytes], name: str) -> int:
+    """How many times the process logged the event `name` (its JSON log)."""
+    return sum(1 for line in log_of(proc).splitlines() if f'"event": "{name}"' in line)
+
+
+def wait_streaming(proc: subprocess.Popen[bytes], count: int = 1, timeout: float = 60) -> None:
+    """Until the kubelet opened its `count`-th ListAndWatch on the plugin: from then on the kubelet
+    holds the devices' health, whatever the node's status (updated every 2 s) still says."""
+    wait_for(
+        f"ListAndWatch #{count} from the kubelet", lambda: events(proc, "stream_opened") >= count, timeout
+    )
 
 
 def device_nodes(listing: str) -> dict[str, tuple[int, int]]:

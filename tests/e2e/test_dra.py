@@ -22,9 +22,26 @@ FAKE_DRIVER = "fake.example.com"
 
 
 def fake_driver(node: Node, tmp: Path, *extra: str):  # type: ignore[no-untyped-def]
-    return plugin_process(node, tmp, "devplug-fake", "--api", "dra", "--kubelet-root", str(node.kubelet_root),
-                          "--cdi-dir", str(node.cdi_dir), "--node-name", node.name,
-                          "--kubeconfig", node.kubeconfig, "--count", "4", "--log-format", "json", *extra)
+    return plugin_process(
+        node,
+        tmp,
+        "devplug-fake",
+        "--api",
+        "dra",
+        "--kubelet-root",
+        str(node.kubelet_root),
+        "--cdi-dir",
+        str(node.cdi_dir),
+        "--node-name",
+        node.name,
+        "--kubeconfig",
+        node.kubeconfig,
+        "--count",
+        "4",
+        "--log-format",
+        "json",
+        *extra,
+    )
 
 
 def slices(node: Node, driver: str) -> list[dict[str, Any]]:
@@ -38,28 +55,50 @@ def published(node: Node, driver: str) -> dict[str, dict[str, Any]]:
     if not found:
         return {}
     newest = max(s["spec"]["pool"]["generation"] for s in found)
-    return {d["name"]: d for s in found if s["spec"]["pool"]["generation"] == newest
-            for d in s["spec"].get("devices", [])}
+    return {
+        d["name"]: d
+        for s in found
+        if s["spec"]["pool"]["generation"] == newest
+        for d in s["spec"].get("devices", [])
+    }
 
 
 def template(name: str, device_class: str, count: int = 1) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"spec": {"devices": {"requests": [
-                {"name": "dev", "exactly": {"deviceClassName": device_class, "count": count}}]}}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "dev", "exactly": {"deviceClassName": device_class, "count": count}}
+                    ]
+                }
+            }
+        },
+    }
 
 
 def claim(name: str, device_class: str, count: int = 1) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"devices": {"requests": [
-                {"name": "dev", "exactly": {"deviceClassName": device_class, "count": count}}]}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "dev", "exactly": {"deviceClassName": device_class, "count": count}}]
+            }
+        },
+    }
 
 
 def allocated_devices(node: Node, pod: str) -> list[str]:
     """The devices of the claims the scheduler allocated for `pod`."""
     status = node.get("pod", pod)["status"]
-    names = [s["resourceClaimName"] for s in status.get("resourceClaimStatuses", []) if s.get("resourceClaimName")]
+    names = [
+        s["resourceClaimName"] for s in status.get("resourceClaimStatuses", []) if s.get("resourceClaimName")
+    ]
     spec = node.get("pod", pod)["spec"]
     names += [c["resourceClaimName"] for c in spec.get("resourceClaims", []) if c.get("resourceClaimName")]
     devices = []
@@ -80,10 +119,15 @@ def fake_class(node: Node) -> str:
 
 
 def test_a_claim_from_a_template_is_scheduled_prepared_and_reaches_the_container(
-        node: Node, tmp_path: Path, fake_class: str) -> None:
-    with fake_driver(node, tmp_path) as driver:
-        devices = wait_for("the driver's slices", lambda: len(published(node, FAKE_DRIVER)) == 4 and
-                           published(node, FAKE_DRIVER))
+    node: Node, tmp_path: Path, fake_class: str
+) -> None:
+    with fake_driver(
+        node, tmp_path, "--device-specs"
+    ) as driver:  # /dev/null as /dev/<id>, in the claim's spec
+        devices = wait_for(
+            "the driver's slices",
+            lambda: len(published(node, FAKE_DRIVER)) == 4 and published(node, FAKE_DRIVER),
+        )
         assert set(devices) == {f"fake-{i}" for i in range(4)}
         node.apply(template("one-fake", fake_class))
         try:
@@ -121,7 +165,8 @@ def test_one_claim_shared_by_two_pods(node: Node, tmp_path: Path, fake_class: st
 
 
 def test_kubelet_restart_slices_come_back_and_the_pod_keeps_running(
-        node: Node, tmp_path: Path, fake_class: str) -> None:
+    node: Node, tmp_path: Path, fake_class: str
+) -> None:
     with fake_driver(node, tmp_path) as driver:
         wait_for("the driver's slices", lambda: len(published(node, FAKE_DRIVER)) == 4)
         node.apply(template("kr-fake", fake_class))
@@ -129,8 +174,11 @@ def test_kubelet_restart_slices_come_back_and_the_pod_keeps_running(
             pod = node.run_pod("dra-kr", claims=[{"name": "dev", "resourceClaimTemplateName": "kr-fake"}])
             node.restart("kubelet", signal.SIGTERM)
             node.wait_ready()
-            wait_for("the slices after the kubelet's restart", lambda: len(published(node, FAKE_DRIVER)) == 4,
-                     timeout=60)
+            wait_for(
+                "the slices after the kubelet's restart",
+                lambda: len(published(node, FAKE_DRIVER)) == 4,
+                timeout=60,
+            )
             again = node.get("pod", "dra-kr")
             assert again["metadata"]["uid"] == pod["metadata"]["uid"]
             assert again["status"]["phase"] == "Running"
@@ -157,7 +205,9 @@ def test_driver_restart_while_a_claim_is_prepared(node: Node, tmp_path: Path, fa
         with fake_driver(node, tmp_path / "state") as second:
             wait_for("the slices of the restarted driver", lambda: len(published(node, FAKE_DRIVER)) == 4)
             node.delete("pod", "dra-dr")
-            wait_for("the claim unprepared by the restarted driver", lambda: not claim_specs(node, FAKE_DRIVER))
+            wait_for(
+                "the claim unprepared by the restarted driver", lambda: not claim_specs(node, FAKE_DRIVER)
+            )
             assert second.poll() is None, log_of(second)
             assert '"event": "unprepared"' in log_of(second) or "unprepare" in log_of(second)
     finally:
@@ -166,7 +216,8 @@ def test_driver_restart_while_a_claim_is_prepared(node: Node, tmp_path: Path, fa
 
 
 def test_an_unhealthy_device_is_tainted_and_the_next_claim_gets_another(
-        node: Node, tmp_path: Path, fake_class: str) -> None:
+    node: Node, tmp_path: Path, fake_class: str
+) -> None:
     state = tmp_path / "devices.json"
     devices = [{"id": f"fake-{i}"} for i in range(2)]
     state.write_text(json.dumps({"devices": devices}))
@@ -188,10 +239,27 @@ def nvidia_driver(node: Node, tmp: Path, model: str):  # type: ignore[no-untyped
     hook = tmp / "nvidia-cdi-hook"  # the CDI spec's hook: on a machine without NVIDIA's toolkit, a no-op
     hook.write_text("#!/bin/sh\nexit 0\n")
     hook.chmod(0o755)
-    return plugin_process(node, tmp, "devplug-nvidia", "--api", "dra", "--fake-nvml", model,
-                          "--kubelet-root", str(node.kubelet_root), "--cdi-dir", str(node.cdi_dir),
-                          "--node-name", node.name, "--kubeconfig", node.kubeconfig,
-                          "--nvidia-cdi-hook-path", str(hook), "--log-format", "json")
+    return plugin_process(
+        node,
+        tmp,
+        "devplug-nvidia",
+        "--api",
+        "dra",
+        "--fake-nvml",
+        model,
+        "--kubelet-root",
+        str(node.kubelet_root),
+        "--cdi-dir",
+        str(node.cdi_dir),
+        "--node-name",
+        node.name,
+        "--kubeconfig",
+        node.kubeconfig,
+        "--nvidia-cdi-hook-path",
+        str(hook),
+        "--log-format",
+        "json",
+    )
 
 
 @pytest.fixture
@@ -217,11 +285,18 @@ def test_nvidia_dra_gpu_claim_reaches_the_container(node: Node, tmp_path: Path, 
         assert driver.poll() is None, log_of(driver)
 
 
-def test_nvidia_dra_mig_device_through_the_mig_class(node: Node, tmp_path: Path, nvidia_classes: None) -> None:
+def test_nvidia_dra_mig_device_through_the_mig_class(
+    node: Node, tmp_path: Path, nvidia_classes: None
+) -> None:
     with nvidia_driver(node, tmp_path, "mig-mixed") as driver:
+
         def migs() -> dict[str, Any]:
-            return {n: d for n, d in published(node, "gpu.nvidia.com").items()
-                    if d.get("attributes", {}).get("type", {}).get("string") == "mig"}
+            return {
+                n: d
+                for n, d in published(node, "gpu.nvidia.com").items()
+                if d.get("attributes", {}).get("type", {}).get("string") == "mig"
+            }
+
         wait_for("MIG devices in the slices", migs, timeout=90)
         node.apply(template("one-mig", "mig.nvidia.com"))
         try:
@@ -234,12 +309,21 @@ def test_nvidia_dra_mig_device_through_the_mig_class(node: Node, tmp_path: Path,
         assert driver.poll() is None, log_of(driver)
 
 
+@pytest.mark.before_device_plugins  # no nvidia.com/gpu device plugin on the node before (conftest)
 def test_an_unchanged_pod_asking_nvidia_gpu_is_served_through_dra(
-        node: Node, tmp_path: Path, nvidia_classes: None) -> None:
+    node: Node, tmp_path: Path, nvidia_classes: None
+) -> None:
     # deploy/nvidia-dra/extended-resource's patch, on the class alone (its kustomization also
     # deploys the driver's DaemonSet, which this test runs on the host instead)
-    node.kubectl("patch", "deviceclass", "gpu.nvidia.com", "--type", "json", "--patch-file",
-                 str(ROOT / "deploy" / "nvidia-dra" / "extended-resource" / "extended-resource-name.yaml"))
+    node.kubectl(
+        "patch",
+        "deviceclass",
+        "gpu.nvidia.com",
+        "--type",
+        "json",
+        "--patch-file",
+        str(ROOT / "deploy" / "nvidia-dra" / "extended-resource" / "extended-resource-name.yaml"),
+    )
     try:
         with nvidia_driver(node, tmp_path, "dgx-a100") as driver:
             wait_for("gpu.nvidia.com slices", lambda: len(published(node, "gpu.nvidia.com")) == 8, timeout=90)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,8 +18,14 @@ NODE = ROOT / "e2e" / "node"
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(NODE), *args], capture_output=True, text=True, timeout=240, check=False,
-                          env=dict(os.environ, **(env or {})))
+    return subprocess.run(
+        [str(NODE), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        env=dict(os.environ, **(env or {})),
+    )
 
 
 def test_careless_input_is_one_line_and_status_2(tmp_path: Path) -> None:
@@ -44,8 +52,10 @@ def test_down_and_env_with_nothing_up_are_harmless(tmp_path: Path) -> None:
 def test_up_twice_prints_the_same_line(node: Node) -> None:
     res = run("up", "--run-dir", str(node.run))
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == (f"export KUBECONFIG={node.kubeconfig} KUBELET_ROOT={node.kubelet_root} "
-                                  f"CDI_DIR={node.cdi_dir} NODE_NAME={node.name}")
+    assert res.stdout.strip() == (
+        f"export KUBECONFIG={node.kubeconfig} KUBELET_ROOT={node.kubelet_root} "
+        f"CDI_DIR={node.cdi_dir} NODE_NAME={node.name}"
+    )
     assert "already up" in res.stderr
     assert run("env", "--run-dir", str(node.run)).stdout == res.stdout
 
@@ -72,3 +82,59 @@ def test_a_component_that_fails_is_named_with_its_log_and_nothing_is_left(node: 
     assert "refusing to start" in (run_dir / "logs" / "etcd.log").read_text()
     assert sorted(p.name for p in run_dir.iterdir()) == ["logs"]  # certificates, state: all gone
     assert res.stdout == ""
+
+
+def _sysctl(key: str) -> Path:
+    return Path("/proc/sys/" + key.replace(".", "/"))
+
+
+def test_down_stops_what_up_started_and_cleans_up(node: Node) -> None:
+    """A second node beside the session's (own ports, run directory, namespace): a pod runs on
+    it; after `down` none of its processes, mounts, cgroups or sockets are left, and the sysctls
+    the kubelet changed are back."""
+    run_dir = Path(tempfile.mkdtemp(prefix="dpn-", dir="/tmp"))  # short: unix socket paths under it
+    oops = _sysctl("kernel.panic_on_oops")
+    saved = oops.read_text()
+    oops.write_text("0\n")  # the kubelet sets 1
+    try:
+        up = run("up", "--run-dir", str(run_dir), "--node-name", "second")
+        assert up.returncode == 0, up.stderr
+        env = dict(item.split("=", 1) for item in up.stdout.strip().removeprefix("export ").split())
+        assert env["NODE_NAME"] == "second"
+        assert env["KUBECONFIG"] != node.kubeconfig
+        assert oops.read_text() == "1\n"
+        second = Node(run=run_dir, env=env)
+        second.run_pod("on-second")
+        state = json.loads((run_dir / "state.json").read_text())
+        started = list(state["processes"].values())
+        cgroup_root = state["cgroup_root"]
+        assert all(localnode.alive(entry) for entry in started)
+
+        down = run("down", "--run-dir", str(run_dir))
+        assert down.returncode == 0, down.stderr
+        assert "stopped etcd, kube-apiserver" in down.stderr
+        assert not [entry for entry in started if localnode.alive(entry)]  # (a zombie has ended)
+        leftovers = [
+            line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(run_dir) in line
+        ]
+        assert leftovers == []
+        assert sorted(p.name for p in run_dir.iterdir()) == ["logs"]
+        assert not [p for p in Path("/sys/fs/cgroup").glob("*" + cgroup_root) if p.exists()]
+        address = str(run_dir / "containerd")
+        shims = [p for p in Path("/proc").iterdir() if p.name.isdigit() and address in _cmdline(p)]
+        assert shims == []
+        assert oops.read_text() == "0\n"
+        assert node.get("node", node.name, namespace="")  # the session's node is untouched
+        again = run("down", "--run-dir", str(run_dir))
+        assert again.returncode == 0
+    finally:
+        run("down", "--run-dir", str(run_dir))
+        oops.write_text(saved)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

@@ -6,7 +6,9 @@ export line; the last block (`e2e/node down`) is the session's own teardown.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs.blocks import blocks
-from tests.e2e.node_kit import ROOT, Node
+from tests.e2e.node_kit import ROOT, Node, stop_process
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,14 +45,26 @@ def test_the_blocks_serve_a_pod_through_both_apis(node: Node, tmp_path: Path) ->
     start, device_plugin, dra, _down = node_blocks()
     venv = str(Path(sys.executable).parent) + "/"
     script = "set -e\n" + "\n".join((start, device_plugin, dra)).replace(".venv/bin/", venv)
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBELET_ROOT", "CDI_DIR", "NODE_NAME")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBELET_ROOT", "CDI_DIR", "NODE_NAME")
+    }
     env["DEVPLUG_E2E_RUN"] = str(node.run)
-    res = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
-                         check=False)
-    assert res.returncode == 0, f"{res.stdout}\n{res.stderr}"
-    out = res.stdout
+    out_file, err_file = tmp_path / "stdout", tmp_path / "stderr"
+    with out_file.open("wb") as out, err_file.open("wb") as err:
+        # its own process group: what the blocks start in the background goes with it, whatever happens
+        proc = subprocess.Popen(
+            ["bash", "-c", script], cwd=ROOT, env=env, stdout=out, stderr=err, start_new_session=True
+        )
+        try:
+            rc = proc.wait(timeout=240)
+        finally:
+            stop_process(proc)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    out, stderr = out_file.read_text(), err_file.read_text()
+    assert rc == 0, f"{out}\n{stderr}"
     assert node.name in out  # kubectl get nodes
     # each pod printed its FAKE_VISIBLE_DEVICES: two devices from the device plugin, one from DRA
     seen = [line.split("=", 1)[1] for line in out.splitlines() if line.startswith("FAKE_VISIBLE_DEVICES=")]
     assert [len(v.split(",")) for v in seen] == [2, 1], out
-    assert "already up" in res.stderr
+    assert "already up" in stderr

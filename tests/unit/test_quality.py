@@ -21,8 +21,13 @@ def _tool(name: str) -> str:
 
 @pytest.mark.parametrize(
     "args",
-    [("ruff", "check", "."), ("ruff", "format", "--check", "."), ("mypy",)],
-    ids=["ruff-check", "ruff-format", "mypy-strict"],
+    [
+        ("ruff", "check", "."),
+        ("ruff", "format", "--check", "."),
+        ("mypy",),
+        ("mypy", "--strict", "e2e/localnode.py"),
+    ],
+    ids=["ruff-check", "ruff-format", "mypy-strict", "mypy-strict-e2e-node"],
 )
 def test_clean(args: tuple[str, ...]) -> None:
     result = subprocess.run(
