@@ -819,23 +819,8 @@ def _mount_namespace(node: Node) -> list[str]:
     return ["nsenter", f"--mount={ns / 'mnt'}", "--"]
 
 
-def up(version: str, run: Path, node_name: str) -> None:
-    node = Node(run)
-    if any(node.run.is_relative_to(p) for p in ("/var/lib", "/var/log")):
-        fail(f"--run-dir {run}: not under /var/lib or /var/log (the node's mount namespace hides them)", 2)
-    if node.state.get("processes"):
-        live = node.live()
-        if set(live) == set(ORDER):
-            say(f"already up in {node.run}")
-            print(node.env_line())
-            return
-        say(
-            f"a previous node in {node.run} is incomplete ({', '.join(live) or 'nothing'} running); "
-            "taking it down first"
-        )
-        down(run, quiet=True)
-        node = Node(run)
-    build(version)
+def _fresh(node: Node, version: str, node_name: str) -> None:
+    """An empty run directory (earlier logs gone) and the new node's state: ports, token, sysctls."""
     if node.run.exists() and any(node.run.iterdir()):
         keep = {"logs"}
         for child in node.run.iterdir():
@@ -875,6 +860,26 @@ def up(version: str, run: Path, node_name: str) -> None:
         "processes": {},
     }
     node.save()
+
+
+def up(version: str, run: Path, node_name: str) -> None:
+    node = Node(run)
+    if any(node.run.is_relative_to(p) for p in ("/var/lib", "/var/log")):
+        fail(f"--run-dir {run}: not under /var/lib or /var/log (the node's mount namespace hides them)", 2)
+    if node.state.get("processes"):
+        live = node.live()
+        if set(live) == set(ORDER):
+            say(f"already up in {node.run}")
+            print(node.env_line())
+            return
+        say(
+            f"a previous node in {node.run} is incomplete ({', '.join(live) or 'nothing'} running); "
+            "taking it down first"
+        )
+        down(run, quiet=True)
+        node = Node(run)
+    build(version)
+    _fresh(node, version, node_name)
     try:
         _up(node, version)
     except (Failure, KeyboardInterrupt) as exc:
@@ -885,10 +890,8 @@ def up(version: str, run: Path, node_name: str) -> None:
     print(node.env_line(), flush=True)
 
 
-def _up(node: Node, version: str) -> None:
-    kbin = k8s_dir(version) / "bin"
-    etcd_version = (k8s_dir(version) / "etcd-version").read_text().strip()
-    cbin = containerd_dir() / "bin"
+def _control_plane(node: Node, apiserver_bin: Path, etcd_bin: Path) -> None:
+    """Certificates, the admin kubeconfig, etcd and kube-apiserver (ready)."""
     p = node.state["ports"]
     run = node.run
     _certificates(node)
@@ -897,11 +900,10 @@ def _up(node: Node, version: str) -> None:
     (run / "tokens.csv").chmod(0o600)
     _kubeconfig(node, "admin", node.state["token"], node.kubeconfig)
 
-    started = time.monotonic()
     etcd = node.start(
         "etcd",
         [
-            str(etcd_dir(etcd_version) / "bin" / "etcd"),
+            str(etcd_bin),
             "--name",
             "devplug-e2e",
             "--data-dir",
@@ -934,7 +936,7 @@ def _up(node: Node, version: str) -> None:
     apiserver = node.start(
         "kube-apiserver",
         [
-            str(kbin / "kube-apiserver"),
+            str(apiserver_bin),
             f"--etcd-servers=http://127.0.0.1:{p['etcd_client']}",
             f"--secure-port={p['apiserver']}",
             "--bind-address=127.0.0.1",
@@ -965,6 +967,17 @@ def _up(node: Node, version: str) -> None:
         lambda: _https_ok(f"https://127.0.0.1:{p['apiserver']}/readyz", node.state["token"]),
         120,
     )
+
+
+def _up(node: Node, version: str) -> None:
+    kbin = k8s_dir(version) / "bin"
+    etcd_version = (k8s_dir(version) / "etcd-version").read_text().strip()
+    cbin = containerd_dir() / "bin"
+    p = node.state["ports"]
+    run = node.run
+    pki = run / "pki"
+    started = time.monotonic()
+    _control_plane(node, kbin / "kube-apiserver", etcd_dir(etcd_version) / "bin" / "etcd")
 
     kcm = node.start(
         "kube-controller-manager",
@@ -1180,6 +1193,25 @@ def down(run: Path, quiet: bool = False) -> None:
             + (f", and {shims} pod sandboxes" if shims else "")
             + f"; cleaned {node.run} (logs kept in {node.logs})"
         )
+
+
+def control_plane(run: Path, assets: Path) -> Node:
+    """etcd and kube-apiserver alone, from a directory as envtest finds it (KUBEBUILDER_ASSETS: etcd,
+    kube-apiserver and kubectl; `e2e/node build` makes one). `down` stops them. No root needed."""
+    for name in ("kube-apiserver", "etcd"):
+        if not (assets / name).is_file():
+            raise Failure(f"no {name} in {assets} (KUBEBUILDER_ASSETS; e2e/node build makes one)")
+    node = Node(run)
+    if node.state.get("processes"):
+        down(run, quiet=True)
+        node = Node(run)
+    _fresh(node, "assets", "none")
+    try:
+        _control_plane(node, assets / "kube-apiserver", assets / "etcd")
+    except BaseException:
+        down(run, quiet=True)
+        raise
+    return node
 
 
 def restart(run: Path, name: str, how: signal.Signals = signal.SIGTERM, pause: float = 0.0) -> None:

@@ -55,15 +55,18 @@ class FakeKubeAPI(KubeAPIHelpers):
     does a value of the wrong JSON type or a capacity that is not a quantity (the server cannot
     decode those, so they are 400, not 422).
 
-    Where it knowingly differs from a real API server: no authentication or authorization (all
+    Held against a real kube-apiserver 1.37 with etcd (tests/testing/real_api.py: the same
+    tests run against both, found as envtest finds the binaries). Where it knowingly differs from
+    a real API server: no authentication or authorization (all
     is allowed unless :meth:`fail` says otherwise); no admission, no managedFields and no
     server-side apply (``application/apply-patch+yaml`` is 415); a strategic merge patch is
     applied as a JSON merge patch; deletion is immediate (finalizers and grace periods are not
     honoured; :meth:`delete_node` garbage-collects owned slices, nothing else does);
     quantities are stored as sent, not canonicalised; empty lists and maps are kept, not
     omitted; a continued list reads the current state, not the first page's snapshot; a watch
-    from a future resourceVersion waits instead of failing; the 64-device limit's message and
-    the devices-or-sharedCounters rule's text are approximations; alpha fields other than list
+    from a future resourceVersion waits instead of failing; the 64-device limit's message is an
+    approximation; only ResourceSlices, ResourceClaims and Nodes are served (no DeviceClasses,
+    Pods or other kinds: 404); alpha fields other than list
     attributes (dropped) are kept; the ``spec.pool.name`` field selector (1.37) is served;
     ResourceClaims are validated for metadata, spec immutability and status rules only;
     :meth:`allocate_claim` evaluates no CEL selectors or device classes (it does honour taints,

@@ -6,6 +6,7 @@ labels, annotations) and ``pkg/apis/resource/validation`` (claim status).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from devplug.testing._kubeapi_names import is_dns1123_subdomain, is_label_value, is_qualified_name
@@ -39,8 +40,8 @@ def validate_object_meta(meta: dict[str, Any], *, namespaced: bool) -> list[Fiel
     errors += validate_labels(meta.get("labels") or {}, "metadata.labels")
     errors += validate_annotations(meta.get("annotations") or {}, "metadata.annotations")
     errors += validate_owner_references(meta.get("ownerReferences") or [], "metadata.ownerReferences")
-    for i, finalizer in enumerate(meta.get("finalizers") or []):
-        errors += [invalid(f"metadata.finalizers[{i}]", finalizer, m) for m in is_qualified_name(finalizer)]
+    for finalizer in meta.get("finalizers") or []:  # the list's path, as the API server has it
+        errors += [invalid("metadata.finalizers", finalizer, m) for m in is_qualified_name(finalizer)]
     return errors
 
 
@@ -64,17 +65,19 @@ def validate_annotations(annotations: dict[str, Any], path: str) -> list[FieldEr
 
 
 def validate_owner_references(refs: list[dict[str, Any]], path: str) -> list[FieldError]:
-    """ValidateOwnerReferences: the paths have no index, as in Go."""
+    """ValidateOwnerReferences as 1.37 words it: indexed paths, Required for an empty field."""
     errors: list[FieldError] = []
     controller = ""
-    for ref in refs:
+    for i, ref in enumerate(refs):
+        at = f"{path}[{i}]"
         api_version = ref.get("apiVersion") or ""
-        version = api_version.rpartition("/")[2]
-        if not version:
-            errors.append(invalid(f"{path}.apiVersion", api_version, "version must not be empty"))
+        if not api_version:
+            errors.append(required(f"{at}.apiVersion", "must not be empty"))
+        elif not re.fullmatch(r"([^/]+/)?[^/]+", api_version):
+            errors.append(invalid(f"{at}.apiVersion", api_version, "must be <group>/<version> or <version>"))
         for key in ("kind", "name", "uid"):
             if not ref.get(key):
-                errors.append(invalid(f"{path}.{key}", ref.get(key) or "", f"{key} must not be empty"))
+                errors.append(required(f"{at}.{key}", "must not be empty"))
         if ref.get("controller"):
             current = f"{ref.get('kind', '')}/{ref.get('name', '')}"
             if controller:

@@ -42,6 +42,9 @@ class Kind:
     tracks_generation: bool
     fields: dict[str, Getter]
     short_names: tuple[str, ...] = ()
+    # a DELETE answers the deleted object (the registry's ReturnDeletedObject, as resource.k8s.io's
+    # kinds have it), else a Status (nodes)
+    returns_deleted_object: bool = True
 
     @property
     def plural(self) -> str:
@@ -89,6 +92,7 @@ KINDS: dict[str, Kind] = {
             "spec.unschedulable": _get("spec", "unschedulable"),
         },
         short_names=("no",),
+        returns_deleted_object=False,
     ),
 }
 
@@ -131,7 +135,8 @@ def field_selector(kind: Kind, text: str | None) -> Selector:
         key, op, value = match.groups()
         getter = kind.fields.get(key.strip())
         if getter is None:
-            raise bad_request(f"field label not supported: {key.strip()}")
+            gvk = f"{kind.names.group}/v1, Kind={kind.names.kind}"  # the API server's words (core: /v1)
+            raise bad_request(f"field label not supported for {gvk}: {key.strip()}")
         terms.append((getter, op != "!=", _unescape(value)))
     return lambda obj: all((get(obj) == value) == equal for get, equal, value in terms)
 

@@ -171,7 +171,12 @@ def already_exists(names: Names, name: str) -> APIError:
     return APIError(409, "AlreadyExists", f'{names.resource} "{name}" already exists', names.details(name))
 
 
-def conflict(names: Names, name: str, why: str) -> APIError:
+def conflict(names: Names, name: str, why: str, *, by_kind: bool = False) -> APIError:
+    """409 Conflict; ``by_kind``: named as the registry names it (``ResourceSlice.resource.k8s.io``)."""
+    if by_kind:
+        details = {"name": name, **({"group": names.group} if names.group else {}), "kind": names.kind}
+        message = f'Operation cannot be fulfilled on {names.qualified_kind} "{name}": {why}'
+        return APIError(409, "Conflict", message, details)
     message = f'Operation cannot be fulfilled on {names.resource} "{name}": {why}'
     return APIError(409, "Conflict", message, names.details(name))
 

@@ -247,21 +247,27 @@ class Store:
         *,
         dry_run: bool = False,
     ) -> dict[str, Any]:
-        """DELETE: removes at once (finalizers are not honoured) and answers the API server's Status."""
+        """DELETE: removes at once (finalizers are not honoured) and answers the deleted object or a
+        Status, as the kind's registry does."""
         old = self.get(kind, namespace, name)
         pre = (options or {}).get("preconditions") or {}
         meta = old["metadata"]
+        # the registry's check before a delete (rest.BeforeDelete), naming the kind, not the resource
         if pre.get("uid") and pre["uid"] != meta["uid"]:
-            why = f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {meta['uid']}"
-            raise conflict(kind.names, name, why)
+            why = (
+                f"the UID in the precondition ({pre['uid']}) does not match the UID in record "
+                f"({meta['uid']}). The object might have been deleted and then recreated"
+            )
+            raise conflict(kind.names, name, why, by_kind=True)
         if pre.get("resourceVersion") and pre["resourceVersion"] != meta["resourceVersion"]:
             why = (
-                f"Precondition failed: ResourceVersion in precondition: {pre['resourceVersion']}, "
-                f"ResourceVersion in object meta: {meta['resourceVersion']}"
+                f"the ResourceVersion in the precondition ({pre['resourceVersion']}) does not match the "
+                f"ResourceVersion in record ({meta['resourceVersion']}). The object might have been modified"
             )
-            raise conflict(kind.names, name, why)
-        if not dry_run:
-            self._commit("DELETED", kind, copy.deepcopy(old), old)
+            raise conflict(kind.names, name, why, by_kind=True)
+        deleted = old if dry_run else self._commit("DELETED", kind, copy.deepcopy(old), old)
+        if kind.returns_deleted_object:  # at the deletion's resourceVersion
+            return deleted
         details = kind.names.details(name, uid=meta["uid"])
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}
 

@@ -73,21 +73,16 @@ def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None = None) -> li
     errors += _node_selection(spec)
     devices = spec.get("devices") or []
     per_device = bool(spec.get("perDeviceNodeSelection"))
-    errors += _set(devices, MAX_DEVICES, lambda d, p: _device(d, p, per_device), "spec.devices")
+    errors += _set(devices, MAX_DEVICES, lambda d, p: _device(d, p, per_device), "spec.devices", by_name=True)
     if len(devices) > MAX_DEVICES_WITH_TAINTS_OR_COUNTERS and any(
         d.get("taints") or d.get("consumesCounters") for d in devices
     ):
         errors.append(too_many("spec.devices", len(devices), MAX_DEVICES_WITH_TAINTS_OR_COUNTERS))
     counter_sets = spec.get("sharedCounters") or []
-    errors += _set(counter_sets, MAX_SHARED_COUNTERS, _counter_set, "spec.sharedCounters")
-    if devices and counter_sets:
-        errors.append(
-            invalid(
-                "spec",
-                "{`devices`, `sharedCounters`}",
-                "only one of `devices` and `sharedCounters` may be set",
-            )
-        )
+    errors += _set(counter_sets, MAX_SHARED_COUNTERS, _counter_set, "spec.sharedCounters", by_name=False)
+    # a union of the two fields: `devices` present, even as an empty list, counts as set
+    if spec.get("devices") is not None and counter_sets:
+        errors.append(invalid("spec", "", "only one of `sharedCounters` or `devices` is allowed"))
     return errors
 
 
@@ -154,15 +149,18 @@ def _set(
     limit: int,
     check: Callable[[dict[str, Any], str], list[FieldError]],
     path: str,
+    *,
+    by_name: bool,
 ) -> list[FieldError]:
-    """validateSet: each item checked, names unique, then the count."""
+    """validateSet: each item checked, names unique, then the count. A duplicate is shown by its
+    name (devices) or as the whole item (counter sets), as the API server shows them."""
     errors: list[FieldError] = []
     seen: set[str] = set()
     for i, item in enumerate(items):
         errors += check(item, f"{path}[{i}]")
         name = item.get("name") or ""
         if name in seen:
-            errors.append(duplicate(f"{path}[{i}].name", name))
+            errors.append(duplicate(f"{path}[{i}]", name if by_name else item))
         seen.add(name)
     if len(items) > limit:
         errors.append(too_many(path, len(items), limit))
@@ -187,11 +185,12 @@ def _device(device: dict[str, Any], path: str, per_device: bool) -> list[FieldEr
                 f"the total number of attributes and capacities must not exceed {MAX_ATTRIBUTES_AND_CAPACITIES}",  # noqa: E501
             )
         )
+    # a key's errors are the map's (validateMap checks keys at the map's path), a value's its own
     for name in sorted(attributes):
-        at = _key_path(f"{path}.attributes", name)
-        errors += qualified_attribute_name(name, at) + _attribute(attributes[name] or {}, at)
+        errors += qualified_attribute_name(name, f"{path}.attributes")
+        errors += _attribute(attributes[name] or {}, _key_path(f"{path}.attributes", name))
     for name in sorted(capacity):
-        errors += qualified_attribute_name(name, _key_path(f"{path}.capacity", name))
+        errors += qualified_attribute_name(name, f"{path}.capacity")
     consumes = device.get("consumesCounters") or []
     for i, consumption in enumerate(consumes):
         at = f"{path}.consumesCounters[{i}]"
@@ -220,10 +219,14 @@ def _device(device: dict[str, Any], path: str, per_device: bool) -> list[FieldEr
     return errors
 
 
+# the value fields an attribute may have, as 1.37 names them (the list ones whatever the gate says)
+_ATTRIBUTE_TYPES = "`int`, `bool`, `string`, `version`, `ints`, `bools`, `strings`, `versions`"
+
+
 def _attribute(attribute: dict[str, Any], path: str) -> list[FieldError]:
     """validateDeviceAttribute: exactly one of int, bool, string (<= 64), version (semver, <= 64)."""
     errors: list[FieldError] = []
-    present = [k for k in ("bool", "int", "string", "version") if attribute.get(k) is not None]
+    present = [k for k in ("int", "bool", "string", "version") if attribute.get(k) is not None]
     string = attribute.get("string")
     if isinstance(string, str) and len(string) > MAX_ATTRIBUTE_VALUE_LENGTH:
         errors.append(too_long(f"{path}.string", MAX_ATTRIBUTE_VALUE_LENGTH))
@@ -236,9 +239,10 @@ def _attribute(attribute: dict[str, Any], path: str) -> list[FieldError]:
         if len(version) > MAX_ATTRIBUTE_VALUE_LENGTH:
             errors.append(too_long(f"{path}.version", MAX_ATTRIBUTE_VALUE_LENGTH))
     if not present:
-        errors.append(required(path, "exactly one value must be specified"))
+        errors.append(invalid(path, "", f"must specify one of: {_ATTRIBUTE_TYPES}"))
     elif len(present) > 1:
-        errors.append(invalid(path, attribute, "exactly one value must be specified"))
+        shown = "{" + ", ".join(present) + "}"
+        errors.append(invalid(path, shown, f"must specify exactly one of: {_ATTRIBUTE_TYPES}"))
     return errors
 
 
@@ -269,8 +273,8 @@ def _counters(counters: dict[str, Any], path: str) -> list[FieldError]:
     errors: list[FieldError] = []
     if len(counters) > MAX_COUNTERS:
         errors.append(too_many(path, len(counters), MAX_COUNTERS))
-    for name in sorted(counters):
-        errors += dns_label(name, _key_path(path, name))
+    for name in sorted(counters):  # a key's errors are the map's
+        errors += dns_label(name, path)
     return errors
 
 

@@ -23,11 +23,18 @@ RUN_PREFIX = "devplug-e2e-tests-"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`before_device_plugins` tests first: once a device plugin served a resource, the real kubelet
+    """The real-node tests last (the node is up only while they run), and among them the
+    `before_device_plugins` ones first: once a device plugin served a resource, the real kubelet
     keeps it as a registered resource for 5 minutes after the plugin went (its device manager's
     grace period), and handles a container's request for it itself ("endpoint not found in cache
     for a registered resource") even where the scheduler gave it through DRA (KEP-5004)."""
-    items.sort(key=lambda item: item.get_closest_marker("before_device_plugins") is None)
+    here = Path(__file__).parent
+
+    def order(item: pytest.Item) -> tuple[bool, bool]:
+        real_node = here in Path(item.path).parents
+        return real_node, item.get_closest_marker("before_device_plugins") is None
+
+    items.sort(key=order)
 
 
 def _down(run: Path) -> None:

@@ -42,6 +42,8 @@ def slice_body(
     if node is not None:
         body["spec"]["nodeName"] = node
     body["spec"].update(spec)
+    if spec.get("sharedCounters") and not body["spec"]["devices"]:
+        del body["spec"]["devices"]  # a slice of counter sets: `devices: []` would count as set
     return body
 
 
