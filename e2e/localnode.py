@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 PROG = "e2e/node"
-DEFAULT_K8S = "v1.37.2"
+DEFAULT_K8S = os.environ.get("DEVPLUG_E2E_K8S") or "v1.37.2"  # the release CI uses
 CONTAINERD = "v2.4.2"
 PAUSE_IMAGE = "docker.io/local/pause:1"
 BUSYBOX_IMAGE = "docker.io/local/busybox:1"
@@ -1235,6 +1235,10 @@ def restart(run: Path, name: str, how: signal.Signals = signal.SIGTERM, pause: f
     say(f"{name} restarted after {how.name}")
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _kubectl(run: Path, args: list[str]) -> None:
     node = Node(run)
     if not node.state or "kube-apiserver" not in node.live():
@@ -1298,6 +1302,9 @@ def main(argv: list[str] | None = None) -> None:
         "kubectl": lambda: _kubectl(args.run_dir, args.args),
         "env": lambda: _env(args.run_dir),
     }
+    if args.command == "up":  # SIGTERM as Ctrl-C: a start cut short takes down what it started
+        signal.signal(signal.SIGTERM, _interrupted)
+        signal.signal(signal.SIGINT, _interrupted)  # also where the shell started it ignoring SIGINT
     try:
         commands[args.command]()
     except Failure as exc:

@@ -104,6 +104,8 @@ def test_kubelet_restart_registers_again_and_running_pods_stay(
             assert len(second) == 2
             assert not first & second, "the kubelet gave a device held by a running pod again"
             assert after["status"]["phase"] == "Running"
+            # one ListAndWatch per registration, as FakeKubelet has it
+            assert events(plugin, "stream_opened") == events(plugin, "registered") == 2
         finally:
             node.delete("pod", "dp-before", wait=False)
             node.delete("pod", "dp-after")

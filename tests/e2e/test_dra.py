@@ -235,6 +235,16 @@ def test_an_unhealthy_device_is_tainted_and_the_next_claim_gets_another(
         assert driver.poll() is None, log_of(driver)
 
 
+def test_the_kubelet_wipes_the_slices_of_a_driver_that_went(node: Node, tmp_path: Path) -> None:
+    """As FakeKubelet does: not at once (a restarting driver keeps its pool), but within the
+    kubelet's grace period (30 s) after the driver's registration socket went."""
+    with fake_driver(node, tmp_path, "--driver-name", "gone.example.com") as driver:
+        wait_for("the driver's slices", lambda: len(published(node, "gone.example.com")) == 4)
+        assert stop_process(driver) == 0, log_of(driver)
+    assert slices(node, "gone.example.com"), "wiped at once"
+    wait_for("the slices wiped by the kubelet", lambda: not slices(node, "gone.example.com"), timeout=90)
+
+
 def nvidia_driver(node: Node, tmp: Path, model: str):  # type: ignore[no-untyped-def]
     hook = tmp / "nvidia-cdi-hook"  # the CDI spec's hook: on a machine without NVIDIA's toolkit, a no-op
     hook.write_text("#!/bin/sh\nexit 0\n")

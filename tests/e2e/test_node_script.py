@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -138,3 +140,36 @@ def _cmdline(proc: Path) -> str:
         return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_a_signal_while_up_starts_takes_down_what_it_started(node: Node, how: signal.Signals) -> None:
+    run_dir = Path(tempfile.mkdtemp(prefix="dpn-", dir="/tmp"))
+    try:
+        proc = subprocess.Popen(
+            [str(NODE), "up", "--run-dir", str(run_dir), "--node-name", "cut-short"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        state = run_dir / "state.json"
+        deadline = time.monotonic() + 60
+        while not (state.is_file() and "kube-apiserver" in state.read_text()):  # mid-start
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(how)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert (
+            err.strip().splitlines()[-1]
+            == "e2e/node: interrupted; what was started is stopped and cleaned up"
+        )
+        assert out == ""
+        assert sorted(p.name for p in run_dir.iterdir()) == ["logs"]
+        assert not [
+            line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(run_dir) in line
+        ]
+        assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(run_dir) in _cmdline(p)]
+    finally:
+        run("down", "--run-dir", str(run_dir))
+        shutil.rmtree(run_dir, ignore_errors=True)
