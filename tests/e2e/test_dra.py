@@ -14,7 +14,16 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.node_kit import ROOT, Node, device_nodes, log_of, plugin_process, stop_process, wait_for
+from tests.e2e.node_kit import (
+    ROOT,
+    Node,
+    device_nodes,
+    events,
+    log_of,
+    plugin_process,
+    stop_process,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -172,13 +181,17 @@ def test_kubelet_restart_slices_come_back_and_the_pod_keeps_running(
         node.apply(template("kr-fake", fake_class))
         try:
             pod = node.run_pod("dra-kr", claims=[{"name": "dev", "resourceClaimTemplateName": "kr-fake"}])
+            before = {sl["metadata"]["uid"] for sl in slices(node, FAKE_DRIVER)}
             node.restart("kubelet", signal.SIGTERM)
             node.wait_ready()
-            wait_for(
-                "the slices after the kubelet's restart",
-                lambda: len(published(node, FAKE_DRIVER)) == 4,
-                timeout=60,
-            )
+
+            def republished() -> (
+                bool
+            ):  # the kubelet wiped the node's slices at start; devplug wrote them again
+                uids = {sl["metadata"]["uid"] for sl in slices(node, FAKE_DRIVER)}
+                return len(published(node, FAKE_DRIVER)) == 4 and not uids & before
+
+            wait_for("the slices wiped by the restarted kubelet and published again", republished, timeout=60)
             again = node.get("pod", "dra-kr")
             assert again["metadata"]["uid"] == pod["metadata"]["uid"]
             assert again["status"]["phase"] == "Running"
@@ -240,6 +253,8 @@ def test_the_kubelet_wipes_the_slices_of_a_driver_that_went(node: Node, tmp_path
     kubelet's grace period (30 s) after the driver's registration socket went."""
     with fake_driver(node, tmp_path, "--driver-name", "gone.example.com") as driver:
         wait_for("the driver's slices", lambda: len(published(node, "gone.example.com")) == 4)
+        # the kubelet wipes only for a driver it registered (a socket gone before is forgotten)
+        wait_for("the kubelet's registration", lambda: events(driver, "registered") >= 1)
         assert stop_process(driver) == 0, log_of(driver)
     assert slices(node, "gone.example.com"), "wiped at once"
     wait_for("the slices wiped by the kubelet", lambda: not slices(node, "gone.example.com"), timeout=90)
