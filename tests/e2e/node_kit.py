@@ -53,6 +53,11 @@ class Node:
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
+    def minor(self) -> int:
+        """The Kubernetes minor release the node runs (37 for v1.37.2)."""
+        return int(self.version.split(".")[1])
+
+    @property
     def name(self) -> str:
         return self.env["NODE_NAME"]
 

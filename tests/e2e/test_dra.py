@@ -231,19 +231,51 @@ def test_driver_restart_while_a_claim_is_prepared(node: Node, tmp_path: Path, fa
 def test_an_unhealthy_device_is_tainted_and_the_next_claim_gets_another(
     node: Node, tmp_path: Path, fake_class: str
 ) -> None:
+    """A pod holds a device that turns unhealthy: the device is tainted (or, where the API server
+    drops taints, left out), the pod's status shows the device's health (the kubelet reads the
+    driver's health stream: ResourceHealthStatus, beta and on from 1.36), and the next claim gets
+    the other device."""
     state = tmp_path / "devices.json"
-    devices = [{"id": f"fake-{i}"} for i in range(2)]
-    state.write_text(json.dumps({"devices": devices}))
+    state.write_text(json.dumps({"devices": [{"id": "fake-0"}, {"id": "fake-1"}]}))
     with fake_driver(node, tmp_path, "--state-file", str(state)) as driver:
         wait_for("the driver's slices", lambda: len(published(node, FAKE_DRIVER)) == 2)
-        state.write_text(json.dumps({"devices": [{"id": "fake-0", "health": "Unhealthy"}, {"id": "fake-1"}]}))
-        wait_for("a taint on fake-0", lambda: published(node, FAKE_DRIVER).get("fake-0", {}).get("taints"))
-        node.apply(template("healthy-fake", fake_class))
+        node.apply(template("first-fake", fake_class), template("healthy-fake", fake_class))
         try:
+            node.run_pod("dra-holder", claims=[{"name": "dev", "resourceClaimTemplateName": "first-fake"}])
+            (held,) = allocated_devices(node, "dra-holder")
+            (other,) = {"fake-0", "fake-1"} - {held}
+            state.write_text(json.dumps({"devices": [{"id": held, "health": "Unhealthy"}, {"id": other}]}))
+            if node.minor >= 36:  # DRADeviceTaints: beta and on from 1.36, GA in 1.37
+                wait_for(
+                    f"a taint on {held}", lambda: published(node, FAKE_DRIVER).get(held, {}).get("taints")
+                )
+
+                def health() -> list[dict[str, Any]]:
+                    statuses = node.get("pod", "dra-holder")["status"].get("containerStatuses", [])
+                    return [
+                        r
+                        for s in statuses
+                        for st in s.get("allocatedResourcesStatus") or []
+                        for r in st.get("resources", [])
+                        if r.get("health") == "Unhealthy"
+                    ]
+
+                (unhealthy,) = wait_for("the pod's allocatedResourcesStatus", health)
+                # the kubelet names a DRA device by the CDI device ID the driver's prepare gave it
+                claim_name = node.get("pod", "dra-holder")["status"]["resourceClaimStatuses"][0][
+                    "resourceClaimName"
+                ]
+                uid = node.get("resourceclaim", claim_name)["metadata"]["uid"]
+                assert unhealthy["resourceID"].startswith(f"k8s.{FAKE_DRIVER}/claim={uid}"), unhealthy
+            else:  # the API server drops taints: devplug leaves the device out of its slices instead
+                wait_for(f"{held} left out", lambda: set(published(node, FAKE_DRIVER)) == {other})
             node.run_pod("dra-healthy", claims=[{"name": "dev", "resourceClaimTemplateName": "healthy-fake"}])
-            assert allocated_devices(node, "dra-healthy") == ["fake-1"]
+            assert allocated_devices(node, "dra-healthy") == [other]
         finally:
+            node.delete("pod", "dra-holder", wait=False)
             node.delete("pod", "dra-healthy")
+            node.delete("pod", "dra-holder")
+            node.delete("resourceclaimtemplate", "first-fake")
             node.delete("resourceclaimtemplate", "healthy-fake")
         assert driver.poll() is None, log_of(driver)
 
@@ -338,6 +370,8 @@ def test_nvidia_dra_mig_device_through_the_mig_class(
 def test_an_unchanged_pod_asking_nvidia_gpu_is_served_through_dra(
     node: Node, tmp_path: Path, nvidia_classes: None
 ) -> None:
+    if node.minor < 36:
+        pytest.skip(f"DRAExtendedResource is alpha and off in 1.{node.minor} (beta and on from 1.36)")
     # deploy/nvidia-dra/extended-resource's patch, on the class alone (its kustomization also
     # deploys the driver's DaemonSet, which this test runs on the host instead)
     node.kubectl(
