@@ -131,6 +131,12 @@ def _go(args: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None
         raise Failure(f"go {args[0]} failed (status {rc})")
 
 
+def _go_module(src: Path, name: str, require: str, extra: str = "") -> None:
+    """The go.mod of our own build module for `name`: it requires `require` (module version)."""
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "go.mod").write_text(f"module devplug.local/e2e/{name}\n\ngo 1.26.0\n\nrequire {require}\n{extra}")
+
+
 def _module_file(module: str, version: str, log: Path, cwd: Path) -> str:
     """The go.mod of module@version, from the module proxy through `go mod download`."""
     full = dict(os.environ, GOTOOLCHAIN="local", GOFLAGS="-mod=mod")
@@ -195,19 +201,9 @@ def build(version: str) -> None:
     minor = version.split(".")[1]
 
     def k8s(tmp: Path) -> None:
-        lines = [
-            "module devplug.local/e2e/kubernetes",
-            "",
-            "go 1.26.0",
-            "",
-            f"require k8s.io/kubernetes {version}",
-            "",
-            "replace (",
-            *(f"\t{m} => {m} {staging_version}" for m in _staging_modules(gomod)),
-            ")",
-            "",
-        ]
-        (src / "go.mod").write_text("\n".join(lines))
+        # every k8s.io staging module at the release's v0 version (its go.mod points them at ./staging)
+        replaces = "".join(f"\t{m} => {m} {staging_version}\n" for m in _staging_modules(gomod))
+        _go_module(src, "kubernetes", f"k8s.io/kubernetes {version}", f"\nreplace (\n{replaces})\n")
         ldflags = " ".join(
             f"-X k8s.io/component-base/version.{k}={v}"
             for k, v in (
@@ -245,11 +241,7 @@ def build(version: str) -> None:
     elog = logs / f"build-etcd-{etcd_version}.log"
 
     def etcd(tmp: Path) -> None:
-        (edir / "src").mkdir(parents=True, exist_ok=True)
-        (edir / "src" / "go.mod").write_text(
-            "module devplug.local/e2e/etcd\n\ngo 1.26.0\n\n"
-            f"require go.etcd.io/etcd/server/v3 {etcd_version}\n"
-        )
+        _go_module(edir / "src", "etcd", f"go.etcd.io/etcd/server/v3 {etcd_version}")
         _go(
             ["build", "-trimpath", "-o", str(tmp / "etcd"), "go.etcd.io/etcd/server/v3"],
             edir / "src",
@@ -263,11 +255,7 @@ def build(version: str) -> None:
     clog = logs / f"build-containerd-{CONTAINERD}.log"
 
     def containerd(tmp: Path) -> None:
-        (cdir / "src").mkdir(parents=True, exist_ok=True)
-        (cdir / "src" / "go.mod").write_text(
-            "module devplug.local/e2e/containerd\n\ngo 1.26.0\n\n"
-            f"require github.com/containerd/containerd/v2 {CONTAINERD}\n"
-        )
+        _go_module(cdir / "src", "containerd", f"github.com/containerd/containerd/v2 {CONTAINERD}")
         ldflags = f"-X github.com/containerd/containerd/v2/version.Version={CONTAINERD}"
         _go(
             [

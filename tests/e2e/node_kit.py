@@ -126,6 +126,21 @@ class Node:
             timeout,
         )
 
+    def dra_flags(self) -> list[str]:
+        """What a DRA driver on this node is told: kubelet root, CDI directory, node, kubeconfig."""
+        return [
+            "--api",
+            "dra",
+            "--kubelet-root",
+            str(self.kubelet_root),
+            "--cdi-dir",
+            str(self.cdi_dir),
+            "--node-name",
+            self.name,
+            "--kubeconfig",
+            self.kubeconfig,
+        ]
+
     def restart(self, component: str, how: signal.Signals = signal.SIGTERM) -> None:
         localnode.restart(self.run, component, how)
 
@@ -228,6 +243,15 @@ def plugin_process(
         yield proc
     finally:
         stop_process(proc)
+
+
+def noop_hook(tmp: Path) -> Path:
+    """The NVIDIA CDI hook named in devplug-nvidia's specs: on a machine without NVIDIA's toolkit,
+    a no-op, so that containerd can run the hooks the spec lists."""
+    hook = tmp / "nvidia-cdi-hook"
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    return hook
 
 
 def stop_process(proc: subprocess.Popen[bytes], how: signal.Signals = signal.SIGTERM) -> int:

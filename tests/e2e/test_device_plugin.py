@@ -17,6 +17,7 @@ from tests.e2e.node_kit import (
     device_nodes,
     events,
     log_of,
+    noop_hook,
     plugin_process,
     stop_process,
     wait_for,
@@ -136,9 +137,6 @@ def test_plugin_restart_then_sigterm_takes_the_resource_away(node: Node, tmp_pat
 
 @pytest.mark.parametrize("strategy", ["envvar", "cdi-cri"])
 def test_nvidia_fake_nvml_gpus_reach_the_container(node: Node, tmp_path: Path, strategy: str) -> None:
-    hook = tmp_path / "nvidia-ctk"  # the CDI spec's hook: on a machine without NVIDIA's toolkit, a no-op
-    hook.write_text("#!/bin/sh\nexit 0\n")
-    hook.chmod(0o755)
     pod = f"gpu-{strategy}"
     with plugin_process(
         node,
@@ -153,7 +151,7 @@ def test_nvidia_fake_nvml_gpus_reach_the_container(node: Node, tmp_path: Path, s
         "--cdi-dir",
         str(node.cdi_dir),
         "--nvidia-cdi-hook-path",
-        str(hook),
+        str(noop_hook(tmp_path)),
         "--log-format",
         "json",
     ) as plugin:

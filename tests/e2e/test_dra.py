@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import signal
+from contextlib import AbstractContextManager
 from pathlib import Path
+from subprocess import Popen
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from tests.e2e.node_kit import (
     device_nodes,
     events,
     log_of,
+    noop_hook,
     plugin_process,
     stop_process,
     wait_for,
@@ -30,26 +33,9 @@ pytestmark = pytest.mark.timeout(300)
 FAKE_DRIVER = "fake.example.com"
 
 
-def fake_driver(node: Node, tmp: Path, *extra: str):  # type: ignore[no-untyped-def]
+def fake_driver(node: Node, tmp: Path, *extra: str) -> AbstractContextManager[Popen[bytes]]:
     return plugin_process(
-        node,
-        tmp,
-        "devplug-fake",
-        "--api",
-        "dra",
-        "--kubelet-root",
-        str(node.kubelet_root),
-        "--cdi-dir",
-        str(node.cdi_dir),
-        "--node-name",
-        node.name,
-        "--kubeconfig",
-        node.kubeconfig,
-        "--count",
-        "4",
-        "--log-format",
-        "json",
-        *extra,
+        node, tmp, "devplug-fake", *node.dra_flags(), "--count", "4", "--log-format", "json", *extra
     )
 
 
@@ -292,28 +278,16 @@ def test_the_kubelet_wipes_the_slices_of_a_driver_that_went(node: Node, tmp_path
     wait_for("the slices wiped by the kubelet", lambda: not slices(node, "gone.example.com"), timeout=90)
 
 
-def nvidia_driver(node: Node, tmp: Path, model: str):  # type: ignore[no-untyped-def]
-    hook = tmp / "nvidia-cdi-hook"  # the CDI spec's hook: on a machine without NVIDIA's toolkit, a no-op
-    hook.write_text("#!/bin/sh\nexit 0\n")
-    hook.chmod(0o755)
+def nvidia_driver(node: Node, tmp: Path, model: str) -> AbstractContextManager[Popen[bytes]]:
     return plugin_process(
         node,
         tmp,
         "devplug-nvidia",
-        "--api",
-        "dra",
+        *node.dra_flags(),
         "--fake-nvml",
         model,
-        "--kubelet-root",
-        str(node.kubelet_root),
-        "--cdi-dir",
-        str(node.cdi_dir),
-        "--node-name",
-        node.name,
-        "--kubeconfig",
-        node.kubeconfig,
         "--nvidia-cdi-hook-path",
-        str(hook),
+        str(noop_hook(tmp)),
         "--log-format",
         "json",
     )

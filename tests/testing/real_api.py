@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import ssl
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -57,7 +58,7 @@ class Kube:
             base_url=self.url,
             trust_env=False,
             timeout=10,
-            verify=self.real.ca,
+            verify=ssl.create_default_context(cafile=self.real.ca),
             headers={"Authorization": f"Bearer {self.real.token}"},
         )
 
