@@ -63,8 +63,16 @@ async def test_signal_removes_socket_and_exits_0(
         assert not (dp / reg.endpoint).exists()
         assert kubelet.socket_path.is_socket()  # only its own socket is removed
     assert "Traceback" not in log_path.read_text()
-    events = [json.loads(line)["event"] for line in log_path.read_text().splitlines()]  # JSON: not a TTY
-    assert events[-1] == "stopped"
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]  # JSON: not a TTY
+    events = [r["event"] for r in records]
+    last_stop = len(events) - 1 - events[::-1].index("stopped")
+    # a second signal may reach the event loop after the clean-up logged `stopped`: it is only
+    # logged as such, nothing else happens after the stop
+    after = records[last_stop + 1 :]
+    assert all(r["event"] == "signal_received" and r.get("action") == "already stopping" for r in after), (
+        after
+    )
+    assert len(after) <= len(signums) - 1
     assert "signal_received" in events
     assert events.index("registered") < events.index("signal_received")
 

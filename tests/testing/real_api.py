@@ -2,8 +2,9 @@
 
 The real one is etcd and kube-apiserver started as envtest starts them, from the directory that
 ``KUBEBUILDER_ASSETS`` names (``e2e/node build`` makes one: its default is used when the variable
-is unset), once per session. Without it the real half of each test is skipped with the reason, and
-fails where ``DEVPLUG_E2E_REQUIRED`` is set (CI).
+is unset), once per test module, so that it loads the machine only while those tests run.
+Without it the real half of each test is skipped with the reason, and fails where
+``DEVPLUG_E2E_REQUIRED`` is set (CI).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class Kube:
         return sorted(item["metadata"]["name"] for item in answer.json()["items"])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # a few seconds a module; nothing runs on after its tests
 def real_api_server() -> Iterator[RealAPI]:
     where = assets()
     if not (where / "kube-apiserver").is_file():
