@@ -871,6 +871,8 @@ def up(version: str, run: Path, node_name: str) -> None:
     try:
         _up(node, version)
     except (Failure, KeyboardInterrupt) as exc:
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the clean-up short
+            signal.signal(signum, signal.SIG_IGN)
         down(run, quiet=True)
         if isinstance(exc, KeyboardInterrupt):
             fail("interrupted; what was started is stopped and cleaned up", 130)

@@ -142,8 +142,15 @@ def _cmdline(proc: Path) -> str:
         return ""
 
 
-@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
-def test_a_signal_while_up_starts_takes_down_what_it_started(node: Node, how: signal.Signals) -> None:
+@pytest.mark.parametrize(
+    "signals",
+    [(signal.SIGTERM,), (signal.SIGINT,), (signal.SIGINT, signal.SIGINT)],
+    ids=["sigterm", "sigint", "sigint-twice"],
+)
+def test_a_signal_while_up_starts_takes_down_what_it_started(
+    node: Node, signals: tuple[signal.Signals, ...]
+) -> None:
+    """Ctrl-C (twice: the second during the clean-up) or SIGTERM while `up` starts the node."""
     run_dir = Path(tempfile.mkdtemp(prefix="dpn-", dir="/tmp"))
     try:
         proc = subprocess.Popen(
@@ -157,7 +164,9 @@ def test_a_signal_while_up_starts_takes_down_what_it_started(node: Node, how: si
         while not (state.is_file() and "kube-apiserver" in state.read_text()):  # mid-start
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
-        proc.send_signal(how)
+        for how in signals:
+            proc.send_signal(how)
+            time.sleep(0.3)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err
         assert (
