@@ -659,7 +659,7 @@ def _read_sysctls() -> dict[str, str]:
     return values
 
 
-def _containerd_config(node: Node, kdir: Path) -> Path:
+def _containerd_config(node: Node) -> Path:
     c = node.run / "containerd"
     (node.run / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
     (node.run / "cni" / "net.d" / "10-loopback.conflist").write_text(
@@ -718,7 +718,6 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
     path = c / "config.toml"
     c.mkdir(parents=True, exist_ok=True)
     path.write_text(config)
-    del kdir
     return path
 
 
@@ -1001,7 +1000,7 @@ def _up(node: Node, version: str) -> None:
             "--v=1",
         ],
     )
-    config = _containerd_config(node, kbin)
+    config = _containerd_config(node)
     inside = _mount_namespace(node)
     containerd = node.start(
         "containerd",

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,7 +50,6 @@ class Node:
     run: Path
     env: dict[str, str]
     version: str = localnode.DEFAULT_K8S
-    _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
     def minor(self) -> int:
@@ -181,12 +180,10 @@ class Node:
                 "hostNetwork": True,
                 "restartPolicy": "Never",
                 "terminationGracePeriodSeconds": 1,
-                "nodeName": None,
                 "containers": [container],
                 "resourceClaims": list(claims),
             },
         }
-        del pod["spec"]["nodeName"]
         if not claims:
             del pod["spec"]["resourceClaims"]
         self.apply(pod)

@@ -58,34 +58,20 @@ def published(node: Node, driver: str) -> dict[str, dict[str, Any]]:
     }
 
 
-def template(name: str, device_class: str, count: int = 1) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {"name": "dev", "exactly": {"deviceClassName": device_class, "count": count}}
-                    ]
-                }
-            }
-        },
-    }
-
-
 def claim(name: str, device_class: str, count: int = 1) -> dict[str, Any]:
+    request = {"name": "dev", "exactly": {"deviceClassName": device_class, "count": count}}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "devices": {
-                "requests": [{"name": "dev", "exactly": {"deviceClassName": device_class, "count": count}}]
-            }
-        },
+        "spec": {"devices": {"requests": [request]}},
     }
+
+
+def template(name: str, device_class: str, count: int = 1) -> dict[str, Any]:
+    """A ResourceClaimTemplate whose claims are `claim`'s."""
+    body = claim(name, device_class, count)
+    return {**body, "kind": "ResourceClaimTemplate", "spec": {"spec": body["spec"]}}
 
 
 def allocated_devices(node: Node, pod: str) -> list[str]:
