@@ -16,6 +16,7 @@ from anyio.abc import Process
 import devplug
 import devplug.testing
 from devplug import ContainerAllocation, Device, DevicePlugin, DeviceSpec, Health, Plugins, Settings
+from devplug.testing._process import signal_child
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,7 +132,7 @@ async def logged_process(
                 yield process
             finally:
                 if process.returncode is None:
-                    process.send_signal(signal.SIGTERM)
+                    signal_child(process, signal.SIGTERM)
                     with anyio.fail_after(5):
                         code = await process.wait()
                     assert code == 0, log.read_text()[-3000:] if log else f"exit status {code}"

@@ -18,6 +18,7 @@ import anyio
 from devplug.cli._narration import Narrator, tell, write_state
 from devplug.models import Health
 from devplug.testing import FakeKubelet
+from devplug.testing._process import signal_child
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -111,7 +112,7 @@ async def _demo(workdir: Path, out: TextIO, pace: float) -> None:
                 )
                 await say.pause()
 
-                process.send_signal(signal.SIGTERM)
+                signal_child(process, signal.SIGTERM)
                 with anyio.fail_after(5):
                     code = await process.wait()
                 gone = not (dp_dir / again.endpoint).exists()

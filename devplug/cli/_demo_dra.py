@@ -21,6 +21,7 @@ import anyio
 
 from devplug.cli._narration import Narrator, tell, write_state
 from devplug.testing import FakeKubeAPI, FakeKubelet
+from devplug.testing._process import signal_child
 
 if TYPE_CHECKING:
     from anyio.abc import Process
@@ -66,7 +67,7 @@ def _tainted(api: FakeKubeAPI, device: str) -> bool:
 
 
 async def _stop(process: Process, root: Path, say: Narrator) -> None:
-    process.send_signal(signal.SIGTERM)
+    signal_child(process, signal.SIGTERM)
     with anyio.fail_after(5):
         code = await process.wait()
     left = sorted(p.name for d in (root / "plugins", root / "plugins_registry") for p in d.rglob("*.sock"))

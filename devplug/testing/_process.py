@@ -19,6 +19,20 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+def signal_child(process: Process, signum: int) -> None:
+    """Send ``signum`` to an anyio child process, unless it is known to have ended.
+
+    Not ``process.send_signal``: on asyncio that is ``subprocess.Popen.send_signal``, which first
+    polls the child, and when the child has just exited (a signal sent a moment before ended it)
+    that poll reaps it ahead of asyncio's child watcher, which then reports status 255 ("Unknown
+    child process") instead of the real one. A child that exited stays a zombie until the watcher
+    reaps it, so its PID is still its own while ``returncode`` is None.
+    """
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signum)
+
+
 class PluginExited(Exception):
     """The plugin process ended while something was waiting on it; the message says how."""
 
@@ -76,7 +90,7 @@ class PluginProcess:
     async def terminate(self, grace: float) -> bool:
         """Send SIGTERM and wait up to ``grace`` seconds; whether it exited."""
         if self._process is not None and not self.exited.is_set():
-            self._process.send_signal(signal.SIGTERM)
+            signal_child(self._process, signal.SIGTERM)
             with anyio.move_on_after(grace):
                 await self.exited.wait()
         return self.exited.is_set()

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from devplug.testing import FakeKubeAPI, FakeKubelet
+from devplug.testing._process import signal_child
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -168,7 +169,7 @@ async def trial(name: str, moment: Moment, burst: Burst, tmp: Path, *, timeout: 
                 finally:
                     if outcome.status is None:
                         outcome.problems.append(f"still running {timeout} s after the signals")
-                        process.kill()
+                        signal_child(process, signal.SIGKILL)
                         await process.wait()
             outcome.served = outcome.served or _saw_it(name, kubelet, api)
     outcome.stderr = err.read_text(errors="replace")

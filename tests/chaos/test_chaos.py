@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import socket
 import stat
 import subprocess
@@ -44,6 +45,7 @@ from anyio.abc import Process
 
 from devplug import Device, KubeletError
 from devplug.testing import FakeKubelet
+from devplug.testing._process import signal_child
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,7 +184,7 @@ async def plugins_running(directory: Path, dp: Path, rng: random.Random) -> Asyn
     finally:
         for plugin in plugins:
             if plugin.process is not None and plugin.process.returncode is None:
-                plugin.process.kill()
+                signal_child(plugin.process, signal.SIGKILL)
             if plugin.process is not None:
                 with anyio.move_on_after(5, shield=True):
                     await plugin.process.aclose()
@@ -280,7 +282,7 @@ class Chaos:
         assert plugin.process is not None
         endpoint = Path(self.kubelet.resource(plugin.resource).endpoint)
         self.expect_registration(plugin)
-        plugin.process.kill()
+        signal_child(plugin.process, signal.SIGKILL)
         await plugin.process.wait()
         await plugin.process.aclose()
         # A killed process cannot remove its socket: it stays, dead, until a kubelet restarts.
@@ -422,7 +424,7 @@ async def test_chaos(short_dir: Path) -> None:
             kind = "sigterm"
             for plugin in plugins:
                 assert plugin.process is not None
-                plugin.process.terminate()
+                signal_child(plugin.process, signal.SIGTERM)
             for plugin in plugins:
                 assert plugin.process is not None
                 with anyio.fail_after(5):

@@ -19,6 +19,7 @@ from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 
 from devplug.testing import FakeKubelet
+from devplug.testing._process import signal_child
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +56,7 @@ async def serving(dp: Path, command: list[str], resource: str) -> AsyncIterator[
                 await kubelet.wait_for_devices(resource)
                 yield dp / reg.endpoint
             finally:
-                process.send_signal(signal.SIGTERM)
+                signal_child(process, signal.SIGTERM)
                 with anyio.fail_after(5):
                     await process.wait()
 
@@ -202,7 +203,7 @@ async def test_watch_follows_changes(live: Live) -> None:
         assert [d["health"] for d in second["devices"]] == ["Healthy", "Unhealthy", "Unhealthy"]
         write_state(live.state_file, STATE)
         assert json.loads(await read_line(process, buffer))["devices"][1]["health"] == "Healthy"
-        process.send_signal(signal.SIGTERM)
+        signal_child(process, signal.SIGTERM)
         with anyio.fail_after(5):
             assert await process.wait() == 0
 
@@ -214,7 +215,7 @@ async def test_watch_text_ends_on_ctrl_c(live: Live) -> None:
         lines = [await read_line(process, buffer) for _ in range(4)]
         assert lines[0] == f"socket: {live.socket}"
         assert "list 1: 3 devices, 2 healthy" in lines[2]
-        process.send_signal(signal.SIGINT)
+        signal_child(process, signal.SIGINT)
         with anyio.fail_after(5):
             assert await process.wait() == 0
         assert process.stderr is not None
@@ -307,7 +308,7 @@ async def test_health_strings_shown_as_sent(short_dir: Path) -> None:
             "healthy": False,
             "numa_nodes": [],
         }
-        process.send_signal(signal.SIGTERM)
+        signal_child(process, signal.SIGTERM)
         with anyio.fail_after(5):
             assert await process.wait() == 0
     assert not path.exists()

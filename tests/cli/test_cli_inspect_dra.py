@@ -17,6 +17,7 @@ import pytest
 from anyio.abc import Process
 
 from devplug._proto.dra.v1 import api_pb2 as v1
+from devplug.testing._process import signal_child
 from tests.cli.test_cli_inspect import inspect, one_line, read_line
 from tests.testing.dra_driver import DRIVER, NODE, RawDraDriver
 
@@ -33,7 +34,7 @@ async def watching(command: list[str]) -> AsyncIterator[Process]:
             yield process
         finally:
             if process.returncode is None:
-                process.kill()
+                signal_child(process, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -167,7 +168,7 @@ async def test_watch_health(driver: RawDraDriver) -> None:
             ("dev-0", "Unhealthy", 0),
             ("dev-1", "Unknown", 60),
         ]
-        process.send_signal(signal.SIGTERM)
+        signal_child(process, signal.SIGTERM)
         with anyio.fail_after(5):
             assert await process.wait() == 0
 

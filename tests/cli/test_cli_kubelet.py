@@ -18,6 +18,7 @@ from anyio.streams.text import TextReceiveStream
 from devplug import ContainerAllocation, Device, DevicePlugin, PluginOptions
 from devplug.cli._kubelet import Table, registration_line, table_lines
 from devplug.testing import FakeKubelet, Registration, serving
+from devplug.testing._process import signal_child
 
 ROOT = Path(__file__).resolve().parents[2]
 RESOURCE = "example.com/fake"
@@ -87,11 +88,11 @@ async def test_kubelet_prints_what_it_learns(short_dir: Path, stop: signal.Signa
             await read_until(out, f"{RESOURCE}: fake-1 Healthy -> Unhealthy\n", seen)
             write_state(state, [{"id": "fake-2"}])
             await read_until(out, f"{RESOURCE}: 1 device, 1 healthy\n  fake-2  Healthy\n", seen)
-            fake.send_signal(signal.SIGTERM)
+            signal_child(fake, signal.SIGTERM)
             with anyio.fail_after(15):
                 assert await fake.wait() == 0
         await read_until(out, f"{RESOURCE}: stream ended; its devices are unhealthy", seen)
-        kubelet.send_signal(stop)
+        signal_child(kubelet, stop)
         await read_until(out, "stopped; kubelet.sock removed\n", seen)
         with anyio.fail_after(15):
             assert await kubelet.wait() == 0
@@ -224,9 +225,9 @@ async def test_a_signal_while_it_starts_ends_the_start_in_one_line(short_dir: Pa
     command = [sys.executable, "-m", "devplug", "kubelet", *where]
     async with await anyio.open_process(command, cwd=ROOT, stderr=subprocess.STDOUT) as process:
         await until_main(process.pid, 30)
-        process.send_signal(signal.SIGINT)
+        signal_child(process, signal.SIGINT)
         await anyio.sleep(0.005)
-        process.send_signal(signal.SIGTERM)
+        signal_child(process, signal.SIGTERM)
         with anyio.fail_after(30):
             status = await process.wait()
         assert process.stdout is not None

@@ -27,6 +27,7 @@ from devplug.cli._kubelet_dra import (
     pool_lines,
 )
 from devplug.testing import DraRegistration
+from devplug.testing._process import signal_child
 from tests.cli.test_cli_kubelet import devplug_kubelet, read_until, write_state
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,7 +122,7 @@ async def test_kubelet_dra_prints_what_it_learns(short_dir: Path, stop: signal.S
                 ],
                 seen,
             )
-            fake.send_signal(signal.SIGTERM)
+            signal_child(fake, signal.SIGTERM)
             with anyio.fail_after(15):
                 assert await fake.wait() == 0
         await read_all(
@@ -133,7 +134,7 @@ async def test_kubelet_dra_prints_what_it_learns(short_dir: Path, stop: signal.S
             ],
             seen,
         )
-        kubelet.send_signal(stop)
+        signal_child(kubelet, stop)
         await read_until(out, "stopped; kubelet.sock and kubeconfig removed\n", seen)
         with anyio.fail_after(15):
             assert await kubelet.wait() == 0
@@ -325,10 +326,10 @@ async def test_the_printed_devplug_run_line_serves_a_class_and_device_plugins_ar
                 seen,
             )
             for process in (dra, dp):
-                process.send_signal(signal.SIGTERM)
+                signal_child(process, signal.SIGTERM)
                 with anyio.fail_after(15):
                     assert await process.wait() == 0
-        kubelet.send_signal(signal.SIGTERM)
+        signal_child(kubelet, signal.SIGTERM)
         await read_until(out, "stopped; kubelet.sock and kubeconfig removed\n", seen)
         with anyio.fail_after(15):
             assert await kubelet.wait() == 0

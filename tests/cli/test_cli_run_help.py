@@ -18,6 +18,7 @@ import anyio
 import pytest
 
 from devplug.testing import FakeKubelet
+from devplug.testing._process import signal_child
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = version("devplug")
@@ -156,7 +157,7 @@ async def test_the_started_event_carries_the_version(short_dir: Path) -> None:
         process = await anyio.open_process(argv, cwd=ROOT)
         async with process:
             await kubelet.wait_for_registration("example.com/fake", timeout=30)
-            process.send_signal(signal.SIGTERM)
+            signal_child(process, signal.SIGTERM)
             with anyio.fail_after(15):
                 assert await process.wait() == 0
             assert process.stderr is not None

@@ -26,6 +26,7 @@ from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 
 from devplug.testing import FakeKubelet
+from devplug.testing._process import signal_child
 from tests.docs.blocks import ROOT, Block, blocks, command, environment, flags, help_text
 
 README = blocks(ROOT / "README.md")
@@ -100,7 +101,7 @@ async def started(argv: list[str], cwd: Path) -> AsyncIterator[Process]:
             yield process
         finally:
             if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
+                signal_child(process, signal.SIGTERM)
             with anyio.fail_after(15):
                 code = await process.wait()
             assert process.stderr is not None
@@ -206,7 +207,7 @@ async def test_three_terminals(project: Path) -> None:
             assert f"socket: {dp}/example.com-serial-" in stdout
             assert "devices: 0 devices" in stdout
         await read_until(out, f"{RESOURCE}: stream ended", seen)
-        kubelet.send_signal(signal.SIGINT)  # Ctrl-C
+        signal_child(kubelet, signal.SIGINT)  # Ctrl-C
         with anyio.fail_after(15):
             await read_until(out, "stopped; kubelet.sock removed", seen)
             assert await kubelet.wait() == 0, "".join(seen)

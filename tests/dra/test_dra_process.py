@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devplug.testing import FakeKubeAPI
+from devplug.testing._process import signal_child
 from tests.dra.dra_kit import NODE, notify, prepare, unprepare
 from tests.metrics.probing import free_port, get, plugin
 
@@ -90,7 +91,7 @@ async def test_sigterm_at_any_moment_exits_0_and_leaves_no_socket(short_dir: Pat
         )
         async with process:
             await anyio.sleep(delay)
-            process.send_signal(signal.SIGTERM)
+            signal_child(process, signal.SIGTERM)
             started = time.monotonic()
             with anyio.fail_after(5):
                 code = await process.wait()
@@ -120,7 +121,7 @@ async def test_devplug_run_serves_any_plugin_class_as_a_driver(short_dir: Path) 
         async with await anyio.open_process(argv, stdout=subprocess.DEVNULL, env=env) as process:
             slices = await api.wait_for_slices(node=NODE, driver="widget.example.com", count=1, timeout=30)
             assert sorted(d["name"] for d in slices[0]["spec"]["devices"]) == ["w0", "w1", "w2", "w3"]
-            process.send_signal(signal.SIGTERM)
+            signal_child(process, signal.SIGTERM)
             with anyio.fail_after(5):
                 assert await process.wait() == 0
         assert not (short_dir / "k" / "plugins" / "widget.example.com" / "dra.sock").exists()
@@ -142,9 +143,9 @@ async def test_a_second_signal_during_shutdown_changes_nothing(
             argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         ) as process:
             await api.wait_for_slices(node=NODE, driver=DRIVER, count=1, timeout=30)
-            process.send_signal(signal.SIGTERM)
+            signal_child(process, signal.SIGTERM)
             await anyio.sleep(0.002)
-            process.send_signal(second)
+            signal_child(process, second)
             with anyio.fail_after(5):
                 code = await process.wait()
             assert process.stderr is not None

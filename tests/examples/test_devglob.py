@@ -24,6 +24,7 @@ from devglob import DevGlob, DevGlobSettings
 import devplug
 from devplug import ConfigError, ContainerAllocation, Device, DeviceSpec, Health, load_settings
 from devplug.testing import FakeKubelet
+from devplug.testing._process import signal_child
 
 RESOURCE = "example.com/serial"
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "devglob" / "devglob.py"
@@ -168,7 +169,7 @@ async def test_runs_as_a_process(dev: Path, fake_kubelet: FakeKubelet, how: str)
     ) as process:
         registration = await fake_kubelet.wait_for_registration("example.com/acm", timeout=15)
         await fake_kubelet.wait_for_devices("example.com/acm", listed(("ttyACM0", OK)))
-        process.send_signal(signal.SIGTERM)
+        signal_child(process, signal.SIGTERM)
         with anyio.fail_after(5):
             assert await process.wait() == 0
     assert not (fake_kubelet.device_plugin_dir / registration.endpoint).exists()

@@ -15,6 +15,7 @@ from structlog.testing import capture_logs
 
 from devplug import Device, Health, HealthSettings, KubeletError, PluginOptions, load_settings
 from devplug.testing import FakeKubelet
+from devplug.testing._process import signal_child
 from devplug_fake import FakePlugin, FakeResource, FakeSettings, PolicyFakePlugin
 from tests.support import serving, settings_for, wait_until
 
@@ -161,7 +162,7 @@ async def test_the_process_with_policy_and_cdi(short_dir: Path) -> None:
                 ids = ["fake-0", "fake-1", "fake-2", "fake-3"]
                 assert await kubelet.preferred_allocation(RESOURCE, ids, [], 2) == ["fake-0", "fake-2"]
             finally:
-                process.send_signal(signal.SIGTERM)
+                signal_child(process, signal.SIGTERM)
                 with anyio.fail_after(5):
                     assert await process.wait() == 0
     assert list(cdi_dir.iterdir()) == []  # removed on SIGTERM

@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from devplug.testing import FakeKubelet
+from devplug.testing._process import signal_child
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +57,7 @@ async def test_signal_removes_socket_and_exits_0(
                 await kubelet.wait_for_devices(RESOURCE)
                 assert (dp / reg.endpoint).is_socket()
                 for signum in signums:
-                    process.send_signal(signum)
+                    signal_child(process, signum)
                     await anyio.sleep(0.002)
                 with anyio.fail_after(2):
                     assert await process.wait() == 0

@@ -14,6 +14,7 @@ import yaml
 import devplug
 from devplug import ConfigError, Settings
 from devplug.testing import FakeKubelet
+from devplug.testing._process import signal_child
 from tests.metrics.probing import events, plugin, wait_for_event
 from tests.support import Widgets, settings_for, wait_until
 
@@ -41,13 +42,13 @@ async def test_sighup_restarts_only_changed_resources(short_dir: Path) -> None:
             return sum(r.resource == name and r.accepted for r in kubelet.registrations)
 
         # Unchanged: nothing restarts.
-        process.send_signal(signal.SIGHUP)
+        signal_child(process, signal.SIGHUP)
         done = (await wait_for_event(log, "reloaded"))[-1]
         assert (done["unchanged"], done["restarted"], done["settings_changed"]) == ([A, B], [], [])
 
         # B changed: B registers again with three devices; A keeps its server and stream.
         write_config(config, 3)
-        process.send_signal(signal.SIGHUP)
+        signal_child(process, signal.SIGHUP)
         done = (await wait_for_event(log, "reloaded", 2))[-1]
         assert (done["unchanged"], done["restarted"]) == ([A], [B])
         await kubelet.wait_for_registration(B, count=2)
@@ -55,14 +56,14 @@ async def test_sighup_restarts_only_changed_resources(short_dir: Path) -> None:
 
         # Invalid: logged, the running configuration is kept.
         write_config(config, "many")
-        process.send_signal(signal.SIGHUP)
+        signal_child(process, signal.SIGHUP)
         failed = (await wait_for_event(log, "reload_failed"))[-1]
         assert failed["error"].startswith("invalid setting resources.1.count")
         assert failed["keeping"] == "the current configuration"
 
         # A setting bound at start: refused the same way.
         write_config(config, 3, registration="watcher")
-        process.send_signal(signal.SIGHUP)
+        signal_child(process, signal.SIGHUP)
         failed = (await wait_for_event(log, "reload_failed", 2))[-1]
         assert failed["error"] == "registration cannot change without a restart"
 

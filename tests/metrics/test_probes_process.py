@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from devplug.testing import FakeKubelet
+from devplug.testing._process import signal_child
 from tests.metrics.probing import events, free_port, get, plugin, poll, wait_for_event, wait_for_port
 
 pytestmark = pytest.mark.anyio
@@ -71,7 +72,7 @@ async def test_readiness_follows_registration_and_kubelet_restarts(short_dir: Pa
             assert [e["event"] for e in state["events"]] == ["resource_added"]
 
             # SIGUSR1: the same state, in the log.
-            process.send_signal(signal.SIGUSR1)
+            signal_child(process, signal.SIGUSR1)
             dumped = (await wait_for_event(log, "debug_state"))[0]
             assert dumped["resources"][RESOURCE]["registered"] is True
 

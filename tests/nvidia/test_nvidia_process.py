@@ -16,6 +16,7 @@ import pytest
 from anyio.abc import Process
 
 from devplug.testing import FakeKubelet
+from devplug.testing._process import signal_child
 from tests.support import logged_process
 
 pytestmark = pytest.mark.anyio
@@ -94,7 +95,7 @@ async def test_sigint_removes_the_tree_too(short_dir: Path) -> None:
         devices = await kubelet.wait_for_devices("nvidia.com/gpu", lambda ds: len(ds) == 4, timeout=20)
         assert [d.numa_nodes for d in devices] == [(0,), (0,), (1,), (1,)]
         assert _fake_tree(log).is_dir()
-        process.send_signal(signal.SIGINT)
+        signal_child(process, signal.SIGINT)
         with anyio.fail_after(10):
             assert await process.wait() == 0
     assert list(tmp.iterdir()) == []

@@ -16,6 +16,7 @@ from anyio.abc import Process
 
 from devplug import KubeletError
 from devplug.testing import FakeKubelet
+from devplug.testing._process import signal_child
 from tests.support import logged_process
 
 pytestmark = pytest.mark.anyio
@@ -116,13 +117,13 @@ async def test_sighup_rereads_the_config_file(short_dir: Path) -> None:
     async with FakeKubelet(short_dir / "dp") as kubelet, plugin_process(log, args) as process:
         await kubelet.wait_for_devices("nvidia.com/gpu", lambda ds: len(ds) == 8, timeout=20)
         config_file.write_text(json.dumps(sharing(3)))
-        process.send_signal(signal.SIGHUP)
+        signal_child(process, signal.SIGHUP)
         await kubelet.wait_for_registration("nvidia.com/gpu", count=2, timeout=20)
         devices = await kubelet.wait_for_devices("nvidia.com/gpu", lambda ds: len(ds) == 12)
         assert {d.numa_nodes for d in devices} == {(0,), (1,)}  # still the model's tree
         # An invalid file is logged and the running configuration stays.
         config_file.write_text(json.dumps({"sharing": {"timeSlicing": {"renameByDefault": "maybe"}}}))
-        process.send_signal(signal.SIGHUP)
+        signal_child(process, signal.SIGHUP)
         with anyio.fail_after(10):
             while "reload_failed" not in log.read_text():  # noqa: ASYNC110 - another process writes it
                 await anyio.sleep(0.05)

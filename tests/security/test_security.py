@@ -27,6 +27,7 @@ from devplug._core.sockets import SocketServer, directory_exposure, unique_socke
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.testing import FakeKubelet
+from devplug.testing._process import signal_child
 from tests.support import Widgets, logged_process, serving, settings_for
 
 pytestmark = pytest.mark.anyio
@@ -225,7 +226,7 @@ async def test_foreign_files_survive_and_symlinks_are_not_followed(short_dir: Pa
                         reg = await kubelet.wait_for_registration(RESOURCE, count=accepted() + 1, timeout=10)
                         (dp / reg.endpoint).unlink()  # its own socket deleted: it makes a new one
                         await kubelet.wait_for_registration(RESOURCE, count=accepted() + 1)
-                        process.send_signal(signal.SIGHUP)
+                        signal_child(process, signal.SIGHUP)
                         await wait_for_event(log, "reloaded")
                         unharmed()
                     # SIGTERM: its own socket removed, nothing else.
@@ -340,9 +341,9 @@ async def test_metrics_bind_only_where_told_and_no_secret_is_logged(short_dir: P
         for path in ("/debug/state", "/metrics", "/readyz"):
             _, _, body = await get(port, path)
             assert CANARY not in body.decode(), path
-        process.send_signal(signal.SIGUSR1)  # the state dump
+        signal_child(process, signal.SIGUSR1)  # the state dump
         await wait_for_event(log, "debug_state")
-        process.send_signal(signal.SIGHUP)  # a reload re-reads the settings
+        signal_child(process, signal.SIGHUP)  # a reload re-reads the settings
         await wait_for_event(log, "reloaded")
         await kubelet.restart()
         await kubelet.wait_for_registration(RESOURCE, count=2, timeout=10)
