@@ -162,10 +162,11 @@ def health_monitor(settings: NvidiaSettings, records: Sequence[GpuRecord]) -> He
     from devplug_nvidia._health import HealthMonitor
     from devplug_nvidia._xids import XidFilter
 
+    source = nvml_source(settings)
     return HealthMonitor(
         records,
-        module=nvml_source(settings).module,
-        driver_root=settings.driver_root,
+        module=source.module,
+        driver_root=source.driver_root,  # in a container: where the host's driver root is mounted
         settings=settings.health,
         # health_config: the config file's health section (None where the settings lack it).
         xids=XidFilter.from_config(getattr(settings, "health_config", None), os.environ),

@@ -292,9 +292,12 @@ def dra_health_monitor(
     extra = additional_ignored(settings)
     if extra and xids.disabled != "all":
         xids = replace(xids, disabled=xids.disabled | extra)
+    source = nvml_source(settings)
     options: dict[str, Any] = {
-        "module": nvml_source(settings).module,
-        "driver_root": settings.driver_root,
+        "module": source.module,
+        # where this process sees the driver (in a container: the host's root mounted at
+        # --driver-root-ctr-path), as discovery loads it; not the host's path
+        "driver_root": source.driver_root,
         "settings": settings.health,
         "xids": xids,
         **kwargs,

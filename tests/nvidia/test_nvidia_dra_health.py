@@ -225,3 +225,35 @@ def test_no_monitor_when_the_gate_is_off() -> None:
 )
 def test_additional_xids_are_parsed_as_nvidia_parses_them(value: Any, expected: set[int]) -> None:
     assert additional_ignored(SimpleNamespace(additional_xids_to_ignore=value)) == expected
+
+
+@pytest.mark.parametrize("api", ["device-plugin", "dra"])
+async def test_in_a_container_health_checks_load_the_driver_where_discovery_does(
+    tmp_path: Path, api: str
+) -> None:
+    """The DaemonSets run with --driver-root the host's path and the host's driver root mounted
+    at --driver-root-ctr-path: the health checks open NVML there, as discovery does. (They used
+    the host's path, absent in the container: every GPU Unhealthy with check_not_running and
+    tainted, seen with deploy/nvidia-dra on a real node.)"""
+    from devplug_nvidia._cli import health_monitor
+    from devplug_nvidia.discovery import discover
+
+    root = write_root(MODELS["pcie-a10"], tmp_path / "root")
+    config = NvidiaSettings(
+        fake_nvml="pcie-a10", driver_root="/run/no-such-driver-root", driver_root_ctr_path=str(root)
+    )
+    records = [r for found in discover(config).values() for r in found]
+    assert len(records) == 4
+    monitor = (
+        health_monitor(config, records)
+        if api == "device-plugin"
+        else dra_health_monitor(config, records, DRIVER)
+    )
+    assert monitor is not None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(monitor.run)
+        with anyio.fail_after(10):
+            await monitor.wait_started()
+        await anyio.sleep(0.3)  # a failed first check turns them Unhealthy at once
+        assert {monitor.health(r.uuid).value for r in records} == {"Healthy"}
+        tg.cancel_scope.cancel()
