@@ -47,9 +47,33 @@ import (
 	draplugin "k8s.io/kubernetes/pkg/kubelet/cm/dra/plugin"
 )
 
+// children are the processes started here, stopped by fail too.
+var children struct {
+	sync.Mutex
+	cmds []*exec.Cmd
+}
+
 func fail(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "anchor-kubelet: "+format+"\n", args...)
+	children.Lock()
+	for _, cmd := range children.cmds {
+		if cmd.Process != nil && cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+		}
+	}
+	children.Unlock()
 	os.Exit(1)
+}
+
+// start starts cmd, its output on this process's stderr, and remembers it.
+func start(cmd *exec.Cmd) {
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		fail("start %s: %v", cmd.Path, err)
+	}
+	children.Lock()
+	children.cmds = append(children.cmds, cmd)
+	children.Unlock()
 }
 
 func printJSON(v any) {
@@ -246,7 +270,7 @@ func (t *target) block(client *kubernetes.Clientset, namespace string, count, ca
 	ctx := context.Background()
 	for range calls {
 		t.calls++
-		name := fmt.Sprintf("%s-%d", t.name, t.calls)
+		name := fmt.Sprintf("%s-%d", strings.ReplaceAll(t.name, "_", "-"), t.calls)
 		claim := t.allocatedClaim(ctx, client, namespace, name, count)
 		ref := []*drapb.Claim{{Namespace: namespace, Name: name, Uid: string(claim.UID)}}
 		before := time.Now()
@@ -606,11 +630,8 @@ func publish(args []string) {
 		command[i] = strings.ReplaceAll(arg, "{kubeconfig}", *relayOut)
 	}
 	cmd := exec.Command(command[0], command[1:]...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	began := time.Now()
-	if err := cmd.Start(); err != nil {
-		fail("start %s: %v", command[0], err)
-	}
+	start(cmd)
 	defer stopProcess(cmd)
 	done, err := w.waitComplete(began, *timeout)
 	if err != nil {
@@ -746,10 +767,7 @@ func startServer(h *handler, socket string) dpclient.Server {
 
 func spawn(command []string) *exec.Cmd {
 	cmd := exec.Command(command[0], command[1:]...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		fail("start %s: %v", command[0], err)
-	}
+	start(cmd)
 	return cmd
 }
 
@@ -758,6 +776,7 @@ func spawn(command []string) *exec.Cmd {
 // plugin restart (SIGTERM, exit, start) → Register, and Allocate round trips.
 func devicePlugin(args []string) {
 	fs := flag.NewFlagSet("dp", flag.ExitOnError)
+	_ = fs.String("kubeconfig", "", "unused: device plugins need no API server")
 	dir := fs.String("dir", "", "the device-plugin directory (kubelet.sock is made there)")
 	starts := fs.Int("starts", 5, "process starts")
 	restarts := fs.Int("restarts", 20, "kubelet restarts")
@@ -769,7 +788,7 @@ func devicePlugin(args []string) {
 	if *dir == "" || len(command) == 0 {
 		fail("dp: -dir and a command after -- are required")
 	}
-	socket := filepath.Join(*dir, dpapi.KubeletSocket)
+	socket := filepath.Join(*dir, "kubelet.sock") // dpapi.KubeletSocket is the full default path
 	h := &handler{dir: *dir, changed: make(chan struct{})}
 	registered := func(n int) func() bool { return func() bool { return len(h.connected) >= n } }
 	listed := func(n int) func() bool { return func() bool { return h.lists >= n && len(h.devices) > 0 } }
