@@ -675,10 +675,22 @@ def explain(results: dict[str, Any], misses: list[str]) -> list[str]:
                 )
                 if key in p
             ]
-            note += " Where devplug's time goes (p50 inside the driver, profiled run): " + ", ".join(
+            note += " Where devplug's time goes (p50 inside the driver, in the profiled run): " + ", ".join(
                 f"{label} {value:.2f} ms" for label, value in parts
             )
             note += "."
+            get = next((r for r in prof["by_cumulative_time"] if r["function"].endswith("(claim)")), None)
+            if get is not None and "claim_get" in p:
+                cpu = get["cumulative_s"] * 1000 / get["calls"]
+                note += (
+                    f" The claim GET alone ({p['claim_get']:.2f} ms) takes longer than the Go helper's "
+                    f"whole prepare, its own GET included; of it, the event loop's CPU is {cpu:.2f} ms a GET "
+                    "(lightkube building the request, httpx, the pydantic model of the claim, under "
+                    "cProfile), the rest is waiting for the answer and for the loop's turn. Next come the "
+                    "fsynced checkpoint and the hops to worker threads for the two file writes. The "
+                    "profile's largest own times are the event loop's callbacks (`Context.run`: gRPC "
+                    "aio's and the loop's C-level work) and socket sends, not devplug's Python code."
+                )
         notes.append(note)
     if "publish_10000" in missed:
         big = d["publication"]["devices_10000"]
