@@ -115,6 +115,9 @@ def build_anchors() -> Path:
         raise RuntimeError(f"building bench/go failed (status {result.returncode}): {result.stderr[-2000:]}")
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
+    for stale in out.parent.glob("bench-anchors-*"):  # builds of earlier sources (some 140 MB each)
+        if stale != out:
+            shutil.rmtree(stale, ignore_errors=True)
     return out
 
 
