@@ -13,6 +13,7 @@ import socket
 import struct
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import anyio
@@ -224,8 +225,17 @@ def _too_large() -> Response:
 
 
 def _head(status: int, content_type: str, extra: list[tuple[str, str]]) -> h11.Response:
-    headers = [("Content-Type", content_type), ("Cache-Control", "no-cache, private"), *extra]
-    return h11.Response(status_code=status, headers=headers)
+    cache = (
+        []
+        if any(k.lower() == "cache-control" for k, _ in extra)
+        else [("Cache-Control", "no-cache, private")]
+    )
+    headers = [("Content-Type", content_type), *cache, *extra]
+    try:
+        reason = HTTPStatus(status).phrase  # "200 OK", as Go's net/http writes it
+    except ValueError:
+        reason = ""
+    return h11.Response(status_code=status, headers=headers, reason=reason)
 
 
 async def _send(conn: h11.Connection, stream: SocketStream, response: Response) -> None:
