@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
+from devplug.testing import _kubeapi_openapi as openapi
 from devplug.testing._kubeapi_faults import Fault, RecordedRequest
 from devplug.testing._kubeapi_helpers import KubeAPIHelpers
 from devplug.testing._kubeapi_http import HTTPServer, Request, Response, StreamResponse
@@ -38,7 +39,8 @@ class FakeKubeAPI(KubeAPIHelpers):
 
     It serves ``resource.k8s.io/v1`` ResourceSlices (get, list, watch, create, update, patch,
     delete, deletecollection) and ResourceClaims (the same, plus ``status``; lists across
-    namespaces), core ``v1`` Nodes, and ``/version``, ``/api``, ``/apis`` discovery. Objects are
+    namespaces), core ``v1`` Nodes, ``/version``, ``/api``, ``/apis`` discovery and the OpenAPI v3
+    documents of those kinds (``/openapi/v3``). Objects are
     JSON dicts with a UID, one global resourceVersion counter, creationTimestamp and generation;
     errors are ``Status`` objects with the API server's reasons and texts. ResourceSlices are
     validated as the API server does (schema, limits, immutable fields: 422 with the field
@@ -49,24 +51,37 @@ class FakeKubeAPI(KubeAPIHelpers):
     Use it as an async context manager (or ``start()``/``stop()``), on anyio's asyncio backend;
     :meth:`client` or :meth:`write_kubeconfig` connect lightkube or any client to :attr:`url`.
 
+    kubectl works against it (``kubectl --kubeconfig`` with :meth:`write_kubeconfig`): ``get``
+    (the API server's Tables, ``-o wide``, ``-w``, label and field selectors), ``describe``,
+    client-side ``apply`` (strict field validation; a strategic merge patch follows the patch
+    strategies of the kinds' OpenAPI schemas), ``patch``, ``label``, ``delete`` and ``explain``.
+
     Unknown fields: a request without ``fieldValidation`` (lightkube sends none) gets the API
     server's default, ``Warn``: the fields are dropped and named in ``Warning`` headers;
-    ``fieldValidation=Strict`` rejects them with 400 BadRequest (``strict decoding error``), as
+    ``fieldValidation=Strict`` rejects them with 400 BadRequest (``strict decoding error``; a
+    PATCH that leaves some: 422 Invalid on the field ``patch``, as the API server answers), as
     does a value of the wrong JSON type or a capacity that is not a quantity (the server cannot
     decode those, so they are 400, not 422).
 
     Held against a real kube-apiserver 1.37 with etcd (tests/testing/real_api.py: the same
     tests run against both, found as envtest finds the binaries). Where it knowingly differs from
     a real API server: no authentication or authorization (all
-    is allowed unless :meth:`fail` says otherwise); no admission, no managedFields and no
-    server-side apply (``application/apply-patch+yaml`` is 415); a strategic merge patch is
-    applied as a JSON merge patch; deletion is immediate (finalizers and grace periods are not
-    honoured; :meth:`delete_node` garbage-collects owned slices, nothing else does);
+    is allowed unless :meth:`fail` says otherwise); no admission (a Node created over HTTP gets
+    no ``node.kubernetes.io/not-ready`` taint); no managedFields and no server-side apply
+    (``application/apply-patch+yaml`` is 415 with a text that says so; kubectl reports "Server-side
+    apply not available on the server"); the OpenAPI documents are the real server's without
+    descriptions (``kubectl explain`` shows none), with only the served paths and JSON, and no
+    ``/openapi/v2``; the Tables' column descriptions are short texts of the fake's own; a strict
+    PATCH that leaves unknown fields is 422 as on the real server, but the patched object quoted
+    in its text has another field order; no Pods, Events or Leases, except an always empty
+    ``/api/v1/pods`` list for ``kubectl describe node`` (which then says "Failed to get lease: the
+    server could not find the requested resource"); deletion is immediate (finalizers and grace
+    periods are not honoured; :meth:`delete_node` garbage-collects owned slices, nothing else does);
     quantities are stored as sent, not canonicalised; empty lists and maps are kept, not
     omitted; a continued list reads the current state, not the first page's snapshot; a watch
     from a future resourceVersion waits instead of failing; the 64-device limit's message is an
     approximation; only ResourceSlices, ResourceClaims and Nodes are served (no DeviceClasses,
-    Pods or other kinds: 404); alpha fields other than list
+    Pods but that empty list, or other kinds: 404); alpha fields other than list
     attributes (dropped) are kept; the ``spec.pool.name`` field selector (1.37) is served;
     ResourceClaims are validated for metadata, spec immutability and status rules only;
     :meth:`allocate_claim` evaluates no CEL selectors or device classes (it does honour taints,
@@ -265,7 +280,17 @@ class FakeKubeAPI(KubeAPIHelpers):
     def _other(self, request: Request) -> Response:
         if request.path in ("/healthz", "/livez", "/readyz"):
             return Response(200, b"ok", content_type="text/plain; charset=utf-8")
-        document = discovery(request.path.rstrip("/") or "/", self.kubernetes_version)
+        path = request.path.rstrip("/") or "/"
+        if request.method == "GET" and (path == openapi.PREFIX or path.startswith(openapi.PREFIX + "/")):
+            answer = openapi.answer(path, request.query)
+            if answer is None:
+                raise not_found_path()
+            return answer
+        if request.method == "GET" and path == "/api/v1/pods" and request.query.get("watch") is None:
+            # No pods run here; kubectl describe node lists a node's pods, and stops at a 404.
+            meta = {"resourceVersion": str(self._store.rv)}
+            return json_response(200, {"kind": "PodList", "apiVersion": "v1", "metadata": meta, "items": []})
+        document = discovery(path, self.kubernetes_version)
         if document is None or request.method != "GET":
             raise not_found_path()
         return json_response(200, document)

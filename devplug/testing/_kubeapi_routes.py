@@ -18,6 +18,7 @@ import anyio
 from devplug.testing._kubeapi_http import Request, Response, StreamResponse
 from devplug.testing._kubeapi_resources import KINDS, Kind, field_selector, label_selector
 from devplug.testing._kubeapi_status import APIError, bad_request
+from devplug.testing._kubeapi_table import table, wants_table
 from devplug.testing._kubeapi_watch import list_objects, parse_rv, watch
 
 if TYPE_CHECKING:
@@ -112,9 +113,20 @@ async def dispatch(
     if dry_run and q["dryRun"] != "All":
         raise bad_request(f'Invalid dryRun value: "{q["dryRun"]}"; supported values are: "All"')
     if r.verb == "get":
-        return json_response(200, store.get(r.kind, r.namespace or "", r.name))
+        obj = store.get(r.kind, r.namespace or "", r.name)
+        if wants_table(request.headers.get("accept", "")):
+            rv = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
+            return json_response(200, table(r.kind.plural, [obj], rv, q))
+        return json_response(200, obj)
     if r.verb in ("list", "deletecollection", "watch"):
-        return _collection(store, r, q, dry_run=dry_run, bookmark_interval=bookmark_interval)
+        return _collection(
+            store,
+            r,
+            q,
+            dry_run=dry_run,
+            bookmark_interval=bookmark_interval,
+            tables=wants_table(request.headers.get("accept", "")),
+        )
     if r.verb == "delete":
         options = _body(request, r.kind) if request.body.strip() else {}
         if not isinstance(options, dict):
@@ -153,7 +165,7 @@ def _write(store: Store, request: Request, r: Route, *, dry_run: bool) -> Respon
 
 
 def _collection(
-    store: Store, r: Route, q: dict[str, str], *, dry_run: bool, bookmark_interval: float
+    store: Store, r: Route, q: dict[str, str], *, dry_run: bool, bookmark_interval: float, tables: bool
 ) -> Response | StreamResponse:
     """list, watch, deletecollection: the objects the selectors choose."""
     select_fields = field_selector(r.kind, q.get("fieldSelector"))
@@ -165,10 +177,12 @@ def _collection(
         return select_fields(obj) and select_labels(obj)
 
     if r.verb == "watch":
-        return _watch(store, r, select, q, bookmark_interval=bookmark_interval)
+        return _watch(store, r, select, q, bookmark_interval=bookmark_interval, tables=tables)
     if r.verb == "list":
         limit = _int(q.get("limit") or "0", "limit")
         found = list_objects(store, r.kind, r.namespace, select, limit=limit, token=q.get("continue"))
+        if tables:
+            return json_response(200, table(r.kind.plural, found["items"], found["metadata"], q))
         return json_response(200, found)
     # DeleteCollection answers the list of what it deleted, as listed before.
     found = list_objects(store, r.kind, r.namespace, select)
@@ -187,7 +201,7 @@ def _int(text: str, name: str) -> int:
 
 
 def _watch(
-    store: Store, r: Route, select: Selector, q: dict[str, str], *, bookmark_interval: float
+    store: Store, r: Route, select: Selector, q: dict[str, str], *, bookmark_interval: float, tables: bool
 ) -> StreamResponse:
     rv = q.get("resourceVersion")
     if rv not in (None, "", "0"):
@@ -205,14 +219,29 @@ def _watch(
         bookmark_interval=bookmark_interval,
         deadline=deadline,
     )
-    return StreamResponse(_lines(events))
+    return StreamResponse(_lines(events, r.kind.plural, q if tables else None))
 
 
-async def _lines(events: AsyncIterator[tuple[str, dict[str, Any]]]) -> AsyncGenerator[bytes, None]:
-    """Newline-delimited watch events; an error (410 Expired) becomes an ERROR event, and the end."""
+async def _lines(
+    events: AsyncIterator[tuple[str, dict[str, Any]]], plural: str, tables: dict[str, str] | None
+) -> AsyncGenerator[bytes, None]:
+    """Newline-delimited watch events; an error (410 Expired) becomes an ERROR event, and the end.
+
+    With ``tables`` (the query), each object but a bookmark is sent as a Table of one row; only
+    the first names the columns (later ones: ``columnDefinitions`` null, as the API server sends).
+    """
+    first = True
     try:
         async for type_, obj in events:
-            yield json.dumps({"type": type_, "object": obj}, separators=(",", ":")).encode() + b"\n"
+            if tables is not None and type_ != "BOOKMARK":
+                rv = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
+                sent = table(plural, [obj], rv, tables)
+                if not first:
+                    sent["columnDefinitions"] = None
+                first = False
+            else:
+                sent = obj
+            yield json.dumps({"type": type_, "object": sent}, separators=(",", ":")).encode() + b"\n"
     except APIError as exc:
         yield json.dumps({"type": "ERROR", "object": exc.status()}, separators=(",", ":")).encode() + b"\n"
     finally:
