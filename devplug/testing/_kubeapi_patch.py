@@ -1,8 +1,9 @@
 """Patch bodies: JSON merge patch (RFC 7386) and JSON patch (RFC 6902), as the API server applies them.
 
-A strategic merge patch is applied as a merge patch: the lists of the kinds served here are
-atomic (replaced whole) except ``metadata.ownerReferences`` and ``finalizers``, which a strategic
-patch would merge by key; ``$patch`` directives are not understood.
+A strategic merge patch follows the patch strategies of the kind's OpenAPI schema
+(:mod:`devplug.testing._kubeapi_strategic`): most lists of the kinds served here are atomic
+(replaced whole); ``metadata.finalizers``, ``ownerReferences``, a claim's ``status.reservedFor``
+and a node's ``status.conditions``, ``addresses`` and ``spec.podCIDRs`` merge.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import copy
 import json
 from typing import Any
 
+from devplug.testing import _kubeapi_strategic as strategic
 from devplug.testing._kubeapi_status import APIError, bad_request
 
 MERGE = "application/merge-patch+json"
@@ -105,9 +107,16 @@ def json_patch(target: Any, operations: Any) -> Any:
     return doc
 
 
-def apply(target: dict[str, Any], content_type: str, body: bytes) -> dict[str, Any]:
-    """The patched object, or an APIError (400 for a bad body, 415 for a patch type not served)."""
+def check_type(content_type: str) -> str:
+    """The media type of a patch; 415 for one not served (server-side apply among them)."""
     media = content_type.split(";", maxsplit=1)[0].strip()
+    if media == APPLY:
+        raise APIError(
+            415,
+            "UnsupportedMediaType",
+            f"server-side apply is not supported by FakeKubeAPI ({APPLY}): "
+            "use client-side apply (kubectl apply without --server-side) or another patch type",
+        )
     if media not in (MERGE, STRATEGIC, JSON_PATCH):
         accepted = ", ".join([JSON_PATCH, MERGE, STRATEGIC])
         raise APIError(
@@ -115,6 +124,18 @@ def apply(target: dict[str, Any], content_type: str, body: bytes) -> dict[str, A
             "UnsupportedMediaType",
             f"the body of the request was in an unknown format - accepted media types include: {accepted}",
         )
+    return media
+
+
+def apply(
+    target: dict[str, Any], content_type: str, body: bytes, schema: tuple[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The patched object, or an APIError (400 for a bad body, 415 for a patch type not served).
+
+    ``schema`` (the OpenAPI document's name and the kind's schema) gives a strategic merge patch
+    the patch strategies of the kind's lists; without it, it is applied as a merge patch.
+    """
+    media = check_type(content_type)
     try:
         patch = json.loads(body or b"null")
     except ValueError as exc:
@@ -125,7 +146,39 @@ def apply(target: dict[str, Any], content_type: str, body: bytes) -> dict[str, A
         if not isinstance(patch, dict):
             why = "json: cannot unmarshal non-object into Go value of type map[string]interface {}"
             raise bad_request(f"error decoding patch: {why}")
-        patched = merge_patch(copy.deepcopy(target), patch)
+        if media == STRATEGIC and schema is not None:
+            patched = strategic.merge(schema[0], target, patch, schema[1])
+        else:
+            patched = merge_patch(copy.deepcopy(target), patch)
     if not isinstance(patched, dict):
         raise bad_request("the patched object is not a JSON object")
     return patched
+
+
+def _go_value(value: Any) -> str:
+    """``value`` as Go's ``%v`` prints a decoded JSON value (maps with sorted keys)."""
+    if isinstance(value, dict):
+        return "map[" + " ".join(f"{k}:{_go_value(value[k])}" for k in sorted(value)) + "]"
+    if isinstance(value, list):
+        return "[" + " ".join(_go_value(v) for v in value) + "]"
+    if value is None:
+        return "<nil>"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def strict_error(content_type: str, body: bytes, patched: dict[str, Any], unknown: list[str]) -> APIError:
+    """The API server's 422 for a patch that leaves unknown fields under ``fieldValidation=Strict``.
+
+    It names the patch (a strategic merge patch, as Go prints its map) or the patched object
+    (JSON; the API server's field order is approximated).
+    """
+    if content_type.split(";", maxsplit=1)[0].strip() == STRATEGIC:
+        shown = _go_value(json.loads(body or b"null"))
+    else:
+        shown = json.dumps(patched, separators=(",", ":"))
+    fields = ", ".join(f'unknown field "{path}"' for path in unknown)
+    cause = f"Invalid value: {json.dumps(shown)}: strict decoding error: {fields}"
+    details = {"causes": [{"reason": "FieldValueInvalid", "message": cause, "field": "patch"}]}
+    return APIError(422, "Invalid", f' "" is invalid: patch: {cause}', details)

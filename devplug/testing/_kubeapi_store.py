@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import anyio
 
 from devplug.testing._kubeapi_patch import apply as apply_patch
+from devplug.testing._kubeapi_patch import check_type, strict_error
+from devplug.testing._kubeapi_schema import decode
 from devplug.testing._kubeapi_status import (
     OPTIMISTIC_LOCK,
     APIError,
@@ -26,6 +28,7 @@ from devplug.testing._kubeapi_status import (
     conflict,
     not_found,
 )
+from devplug.testing._kubeapi_strategic import kind_schema
 from devplug.testing._kubeapi_strategy import decode_body, prepare_create, prepare_update, validate
 
 if TYPE_CHECKING:
@@ -232,8 +235,12 @@ class Store:
 
         A resourceVersion in the patch is a precondition, as in a PUT.
         """
+        check_type(content_type)  # before the lookup: an apply patch would create a missing object
         old = self.get(kind, namespace, name)
-        patched = apply_patch(old, content_type, body)
+        schema = kind_schema(kind.prefix.lstrip("/"), kind.names.group, kind.names.kind)
+        patched = apply_patch(old, content_type, body, schema)
+        if strict and (unknown := decode(kind.plural, copy.deepcopy(patched)).unknown):
+            raise strict_error(content_type, body, patched, unknown)
         return self.update(
             kind, namespace, name, patched, subresource=subresource, strict=strict, dry_run=dry_run
         )
