@@ -101,7 +101,7 @@ def _claim_state(obj: dict[str, Any]) -> str:
         states.append("allocated")
         if status.get("reservedFor"):
             states.append("reserved")
-        elif meta.get("deletionTimestamp") or meta.get("finalizers"):
+        elif meta.get("deletionTimestamp"):
             states.append("deallocating")
     return ",".join(states)
 

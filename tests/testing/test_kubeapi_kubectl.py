@@ -286,6 +286,24 @@ async def test_get_prints_the_api_servers_tables(kubectl: Kubectl) -> None:
         "6.1.0 (amd64)",
         "containerd://2.1.0",
     ]
+    claim_status = ("patch", "resourceclaim", CLAIM, "--subresource=status", "--type=merge", "-p")
+    result = {"request": "gpu", "driver": DRIVER, "pool": "pool-a", "device": "gpu-0"}
+    await kubectl.ok(
+        *claim_status, json.dumps({"status": {"allocation": {"devices": {"results": [result]}}}})
+    )
+    state = ("get", "resourceclaim", CLAIM, "-o", "custom-columns=NAME:.metadata.name")
+    consumer = {"resource": "pods", "name": "p", "uid": "0b5c3b6c-0c1a-4b7e-9d6a-1b2c3d4e5f60"}
+    assert _columns(await kubectl.ok("get", "resourceclaim", CLAIM))[1] == [CLAIM, "allocated"]
+    await kubectl.ok(*claim_status, json.dumps({"status": {"reservedFor": [consumer]}}))
+    assert _columns(await kubectl.ok("get", "resourceclaim", CLAIM))[1] == [CLAIM, "allocated,reserved"]
+    finalizer = '{"metadata":{"finalizers":["example.com/x"]}}'
+    await kubectl.ok("patch", "resourceclaim", CLAIM, "--type=merge", "-p", finalizer)
+    await kubectl.ok(*claim_status, '{"status":{"reservedFor":null}}')
+    assert _columns(await kubectl.ok("get", "resourceclaim", CLAIM))[1] == [CLAIM, "allocated"]
+    await kubectl.ok(
+        "patch", "resourceclaim", CLAIM, "--type=merge", "-p", '{"metadata":{"finalizers":null}}'
+    )
+    assert (await kubectl.ok(*state)).split() == ["NAME", CLAIM]
     await kubectl.ok("delete", "-f", kubectl.work / "all.yaml")
 
 
