@@ -2,7 +2,7 @@
 
 ``e2e/node build`` builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
 kubectl and containerd 2 (with its runc shim and ``ctr``) from their Go modules into a cache keyed
-by version (``~/.cache/devplug-e2e``); runc, the CNI loopback plugin and busybox come from Debian's
+by version (``~/.cache/devplug-e2e``); runc, the CNI plugins and busybox come from Debian's
 packages. ``e2e/node up`` starts them under one run directory (own ports, own kubelet root, own
 containerd socket, root, state and CDI directory), imports a pause and a busybox image made here
 (no registry), waits for the node to be Ready and prints one ``export …`` line. ``e2e/node down``
@@ -41,6 +41,7 @@ DEFAULT_K8S = os.environ.get("DEVPLUG_E2E_K8S") or "v1.37.2"  # the release CI u
 CONTAINERD = "v2.4.2"
 PAUSE_IMAGE = "docker.io/local/pause:1"
 BUSYBOX_IMAGE = "docker.io/local/busybox:1"
+EXAMPLE_BUSYBOX = "docker.io/library/busybox:1.36"
 CACHE = Path(os.environ.get("DEVPLUG_E2E_CACHE") or Path.home() / ".cache" / "devplug-e2e")
 DEFAULT_RUN = Path(os.environ.get("DEVPLUG_E2E_RUN") or "/tmp/devplug-e2e-node")  # noqa: S108 (the node's own)
 
@@ -75,6 +76,8 @@ SYSCTLS = (
 DEBIAN = {  # path needed -> Debian package that has it
     "/usr/sbin/runc": "runc",
     "/usr/lib/cni/loopback": "containernetworking-plugins",
+    "/usr/lib/cni/bridge": "containernetworking-plugins",
+    "/usr/lib/cni/host-local": "containernetworking-plugins",
     "/bin/busybox": "busybox-static",
 }
 K8S_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
@@ -298,8 +301,8 @@ def build(version: str) -> None:
         )
 
 
-def _debian_packages() -> bool:
-    missing = sorted({pkg for path, pkg in DEBIAN.items() if not Path(path).exists()})
+def _debian_packages(needed: dict[str, str] = DEBIAN) -> bool:
+    missing = sorted({pkg for path, pkg in needed.items() if not Path(path).exists()})
     if not missing:
         return False
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
@@ -421,6 +424,169 @@ def _images(log: Path) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
+# image: the project's own image (its Dockerfile), built without a registry or a Docker engine
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGE_DEBIAN = {"/usr/bin/buildah": "buildah", "/usr/bin/mmdebstrap": "mmdebstrap"}
+BASE_SUITE = "bookworm"  # its python3 is 3.11, as the Dockerfile's default base image
+BASE_IMAGE = f"localhost/devplug-e2e-python:{BASE_SUITE}"
+IMAGE_SOURCES = (
+    "Dockerfile",
+    ".dockerignore",
+    "pyproject.toml",
+    "README.md",
+    "devplug",
+    "devplug_fake",
+    "devplug_nvidia",
+)
+
+
+def _buildah(args: list[str], log: Path, check: bool = True) -> str:
+    store = CACHE / "buildah"
+    argv = [
+        "buildah",
+        "--root",
+        str(store / "root"),
+        "--runroot",
+        str(store / "run"),
+        "--storage-driver",
+        "vfs",
+        *args,
+    ]
+    with log.open("ab") as out:
+        out.write(f"\n$ {' '.join(argv)}\n".encode())
+        out.flush()
+        res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=out, text=True, check=False)
+        out.write(res.stdout.encode())
+    if check and res.returncode != 0:
+        raise Failure(f"image: buildah {args[0]} failed; log: {log}")
+    return res.stdout.strip()
+
+
+def _base_image(log: Path) -> None:
+    """FROM for the Dockerfile: Debian's python3 with a venv as /usr/local (pip, no wheel), as the
+    python:3.11-slim image has it, made by mmdebstrap and committed to buildah's own storage."""
+    if _buildah(["images", "--quiet", BASE_IMAGE], log, check=False):
+        return
+    tar = images_dir() / f"debian-python-{BASE_SUITE}.tar"
+    if not tar.is_file():
+        say(f"making the base image's root file system (Debian {BASE_SUITE}, python3; log: {log})")
+        partial = tar.with_suffix(".partial")
+        excludes = [
+            f"--dpkgopt=path-exclude={x}"
+            for x in ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*", "/usr/share/info/*")
+        ]
+        argv = [
+            "mmdebstrap", "--variant=minbase", "--format=tar",
+            "--include=python3,python3-venv,ca-certificates", *excludes,
+            "--customize-hook=chroot \"$1\" python3 -m venv /usr/local",
+            "--customize-hook=rm -rf \"$1\"/var/cache/apt/* \"$1\"/var/lib/apt/lists/*",
+            BASE_SUITE, str(partial),
+        ]  # fmt: skip
+        with log.open("ab") as out:
+            out.write(f"\n$ {' '.join(argv)}\n".encode())
+            out.flush()
+            if subprocess.call(argv, stdout=out, stderr=out) != 0:
+                partial.unlink(missing_ok=True)
+                raise Failure(f"image: mmdebstrap {BASE_SUITE} failed; log: {log}")
+        partial.rename(tar)
+    work = _buildah(["from", "scratch"], log)
+    try:
+        _buildah(["add", work, str(tar), "/"], log)
+        _buildah(
+            ["config", "--env", "PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin", work],
+            log,
+        )
+        _buildah(["commit", "--quiet", work, BASE_IMAGE], log)
+    finally:
+        _buildah(["rm", work], log, check=False)
+
+
+def _project_version() -> str:
+    found = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), flags=re.MULTILINE)
+    if not found:
+        raise Failure(f"image: no version in {ROOT / 'pyproject.toml'}")
+    return found.group(1)
+
+
+def _sources_digest() -> str:
+    """What the Dockerfile copies, hashed: the image is built again only when that changed."""
+    digest = hashlib.sha256()
+    for name in IMAGE_SOURCES:
+        top = ROOT / name
+        paths = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
+        for path in paths:
+            if "__pycache__" in path.parts or path.suffix == ".pyc":
+                continue
+            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def build_image() -> tuple[Path, str]:
+    """devplug:VERSION from the project's Dockerfile as a docker-archive tar in the cache (built
+    only when the sources changed) and the name it carries."""
+    _debian_packages(IMAGE_DEBIAN)
+    version = _project_version()
+    name = f"docker.io/library/devplug:{version}"
+    out = images_dir() / f"devplug-{version}-{_sources_digest()}.tar"
+    if out.is_file():
+        say(f"image devplug:{version} already built ({out.name}); nothing to build")
+        return out, name
+    images_dir().mkdir(parents=True, exist_ok=True)
+    log = CACHE / "logs" / "build-image.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    started = time.monotonic()
+    _base_image(log)
+    say(f"building image devplug:{version} from {ROOT / 'Dockerfile'} with buildah (log: {log})")
+    trust = []  # the machine's CA certificates and pip settings, for a network behind a TLS proxy
+    for path in ("/etc/ssl/certs", "/etc/pip.conf"):
+        if Path(path).exists():
+            trust += ["--volume", f"{path}:{path}:ro"]
+    tag = f"localhost/devplug-e2e-build:{out.stem}"
+    _buildah(
+        ["bud", "--isolation", "chroot", "--layers=false", "--pull=never", *trust,
+         "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}", "--tag", tag,
+         "--file", str(ROOT / "Dockerfile"), str(ROOT)],
+        log,
+    )  # fmt: skip
+    try:
+        partial = out.with_suffix(".partial")
+        partial.unlink(missing_ok=True)
+        _buildah(["push", "--quiet", tag, f"docker-archive:{partial}:{name}"], log)
+        partial.rename(out)
+    finally:
+        _buildah(["rmi", tag], log, check=False)
+    for old in images_dir().glob("devplug-*.tar"):
+        if old != out:
+            old.unlink()
+    say(f"image devplug:{version} built in {time.monotonic() - started:.0f} s: {out}")
+    return out, name
+
+
+def image(run: Path) -> None:
+    """Build the project's image (cached) and import it into the node's containerd when one is up."""
+    tar, name = build_image()
+    node = Node(run)
+    if not node.state.get("net") or "containerd" not in node.live():
+        say(f"no node up in {node.run}: the image is in {tar}")
+        return
+    ctr = [
+        str(containerd_dir() / "bin" / "ctr"),
+        "--address",
+        str(node.containerd_socket),
+        "--namespace",
+        "k8s.io",
+    ]
+    log = node.logs / "images.log"
+    with log.open("ab") as out:
+        rc = subprocess.call([*ctr, "images", "import", str(tar)], stdout=out, stderr=out)
+    if rc != 0:
+        raise Failure(f"containerd: importing {tar.name} failed; log: {log}")
+    say(f"{name.removeprefix('docker.io/library/')} imported into the node in {node.run}")
+
+
+# --------------------------------------------------------------------------------------------
 # up
 
 
@@ -481,6 +647,13 @@ class Node:
     @property
     def cdi_dir(self) -> Path:
         return self.run / "cdi"
+
+    @property
+    def api_url(self) -> str:
+        """The API server: on the node's bridge address (port 443, where pods reach it as the
+        kubernetes Service), or on loopback for a control plane alone."""
+        host = self.state.get("net", {}).get("gateway", "127.0.0.1")
+        return f"https://{host}:{self.state['ports']['apiserver']}"
 
     @property
     def containerd_socket(self) -> Path:
@@ -547,8 +720,8 @@ def _https_ok(url: str, token: str | None = None) -> bool:
 def _api_get(node: Node, path: str) -> Any:
     st = node.state
     ctx = ssl.create_default_context(cafile=str(node.run / "pki" / "ca.crt"))
-    req = urllib.request.Request(
-        f"https://127.0.0.1:{st['ports']['apiserver']}{path}",
+    req = urllib.request.Request(  # noqa: S310 (our own node's URL)
+        f"{node.api_url}{path}",
         headers={"Authorization": f"Bearer {st['token']}"},
     )
     with urllib.request.urlopen(req, context=ctx, timeout=5) as resp:  # noqa: S310 (our own loopback URL)
@@ -560,6 +733,62 @@ def _openssl(args: list[str], log: Path) -> None:
         rc = subprocess.call(["openssl", *args], stdout=out, stderr=out)
     if rc != 0:
         raise Failure(f"certificates: openssl {args[0]} failed; log: {log}")
+
+
+def _service_ip(node: Node) -> str:
+    """The kubernetes Service's address: the node's bridge address, or 10.0.0.1 without a network."""
+    return str(node.state.get("net", {}).get("gateway", "10.0.0.1"))
+
+
+def _pick_network(run: Path) -> dict[str, str]:
+    """A /24 of 10.200-249.x.0 for the node's pods, and a bridge name, both derived from the run
+    directory and skipping a /24 any address or route of this machine is in already.
+
+    The bridge's address (.1) is the API server's (port 443) and the first address of the Service
+    range (.0/28), so the kubernetes Service's ClusterIP that the kubelet gives pods
+    (KUBERNETES_SERVICE_HOST) is the API server itself: no kube-proxy needed. Pods get .16-.254."""
+    digest = hashlib.sha256(str(run).encode()).digest()
+    seen = (
+        subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=False).stdout
+        + subprocess.run(
+            ["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True, check=False
+        ).stdout
+    )
+    used = set(re.findall(r"\b10\.(\d+)\.(\d+)\.\d+", seen))
+    start = int.from_bytes(digest[:2], "big")
+    for i in range(50 * 256):
+        a, b = 200 + (start + i) // 256 % 50, (start + i) % 256
+        if (str(a), str(b)) not in used:
+            prefix = f"10.{a}.{b}"
+            return {
+                "bridge": f"dpe2e{digest.hex()[:8]}",
+                "subnet": f"{prefix}.0/24",
+                "gateway": f"{prefix}.1",
+                "services": f"{prefix}.0/28",
+                "pods_from": f"{prefix}.16",
+                "pods_to": f"{prefix}.254",
+            }
+    raise Failure("network: no free 10.200-249.x.0/24 for the node's pods")
+
+
+def _ip(args: list[str], log: Path) -> int:
+    with log.open("ab") as out:
+        out.write(f"$ ip {' '.join(args)}\n".encode())
+        out.flush()
+        return subprocess.call(["ip", *args], stdout=out, stderr=out)
+
+
+def _bridge_up(node: Node) -> None:
+    """The node's bridge with its address, before the API server binds to it."""
+    net, log = node.state["net"], node.logs / "network.log"
+    _ip(["link", "del", net["bridge"]], log)  # one left by a node that was never taken down
+    for args in (
+        ["link", "add", net["bridge"], "type", "bridge"],
+        ["addr", "add", f"{net['gateway']}/24", "dev", net["bridge"]],
+        ["link", "set", net["bridge"], "up"],
+    ):
+        if _ip(args, log) != 0:
+            raise Failure(f"network: ip {' '.join(args)} failed; log: {log}")
 
 
 def _certificates(node: Node) -> None:
@@ -587,7 +816,7 @@ def _certificates(node: Node) -> None:
     )
     ext = pki / "apiserver.ext"
     ext.write_text(
-        "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+        f"subjectAltName=IP:127.0.0.1,IP:{_service_ip(node)},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
         f"DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:{host}\n"
         "extendedKeyUsage=serverAuth\n"
     )
@@ -632,7 +861,7 @@ def _certificates(node: Node) -> None:
 
 def _kubeconfig(node: Node, user: str, token: str, path: Path) -> None:
     ca = base64.b64encode((node.run / "pki" / "ca.crt").read_bytes()).decode()
-    server = f"https://127.0.0.1:{node.state['ports']['apiserver']}"
+    server = node.api_url
     path.write_text(
         json.dumps(
             {
@@ -662,14 +891,22 @@ def _read_sysctls() -> dict[str, str]:
 def _containerd_config(node: Node) -> Path:
     c = node.run / "containerd"
     (node.run / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
-    (node.run / "cni" / "net.d" / "10-loopback.conflist").write_text(
-        json.dumps(
-            {
-                "cniVersion": "0.4.0",
-                "name": "devplug-e2e-loopback",
-                "plugins": [{"type": "loopback"}],
-            }
-        )
+    net = node.state["net"]
+    bridge = {  # isGateway false: the bridge has its address already, and ip_forward stays as it is
+        "type": "bridge",
+        "bridge": net["bridge"],
+        "isGateway": False,
+        "ipMasq": False,
+        "ipam": {
+            "type": "host-local",
+            "dataDir": str(node.run / "cni" / "ipam"),
+            "ranges": [
+                [{"subnet": net["subnet"], "rangeStart": net["pods_from"], "rangeEnd": net["pods_to"]}]
+            ],
+        },
+    }
+    (node.run / "cni" / "net.d" / "10-devplug-e2e.conflist").write_text(
+        json.dumps({"cniVersion": "0.4.0", "name": "devplug-e2e", "plugins": [bridge]}, indent=1)
     )
     node.cdi_dir.mkdir(parents=True, exist_ok=True)
     cri_runtime = 'plugins."io.containerd.cri.v1.runtime"'
@@ -778,21 +1015,28 @@ def _mount_namespace(node: Node) -> list[str]:
     """A mount namespace of the node's own for containerd and the kubelet (and so the pods).
 
     The kubelet's device manager does not follow --root-dir: its socket directory is the constant
-    /var/lib/kubelet/device-plugins. In this namespace /var/lib and /var/log are empty tmpfs, and
-    /var/lib/kubelet/device-plugins is the run directory's kubelet/device-plugins (bind mount), so
-    device plugins on the host use KUBELET_ROOT/device-plugins, and the kubelet's symlinks under
-    /var/log/containers stay out of the machine's /var/log. The namespace is kept in ns/mnt
-    (a bind mount of it); its mounts, the pods' included, go when `down` unmounts it.
-    Returns the prefix that runs a command inside it.
+    /var/lib/kubelet/device-plugins. In this namespace /var/lib and /var/log are empty tmpfs,
+    /var/lib/kubelet is the run directory's kubelet root (KUBELET_ROOT, bind mount) and
+    /var/run/cdi its CDI directory (CDI_DIR). So device plugins on the host use
+    KUBELET_ROOT/device-plugins; the DaemonSets of deploy/, whose hostPath volumes name the
+    standard paths (/var/lib/kubelet/..., /var/run/cdi), reach this node's directories; and the
+    kubelet's symlinks under /var/log/containers stay out of the machine's /var/log. The
+    namespace is kept in ns/mnt (a bind mount of it); its mounts, the pods' included, go when
+    `down` unmounts it. Returns the prefix that runs a command inside it.
     """
     ns = node.run / "ns"
     ns.mkdir()
     log = node.logs / "namespace.log"
     (node.kubelet_root / "device-plugins").mkdir(parents=True)
+    Path("/run/cdi").mkdir(mode=0o755, exist_ok=True)  # the standard CDI directory: a mount point here
     setup = (
-        "set -e; mount -t tmpfs -o mode=0755 devplug-e2e /var/lib; mkdir -p /var/lib/kubelet/device-plugins; "
-        f"mount --bind '{node.kubelet_root / 'device-plugins'}' /var/lib/kubelet/device-plugins; "
-        "mount -t tmpfs -o mode=0755 devplug-e2e /var/log"
+        "set -e; mount -t tmpfs -o mode=0755 devplug-e2e /var/lib; mkdir -p /var/lib/kubelet; "
+        f"mount --bind '{node.kubelet_root}' /var/lib/kubelet; "
+        f"mount --bind '{node.cdi_dir}' /run/cdi; "
+        "mount -t tmpfs -o mode=0755 devplug-e2e /var/log; "
+        # shared inside this namespace only (its mounts were made private from the machine's):
+        # volumes with Bidirectional or HostToContainer propagation need it, as on a real node
+        "mount --make-rshared /"
     )
     for argv in (
         ["mount", "--bind", str(ns), str(ns)],
@@ -806,7 +1050,7 @@ def _mount_namespace(node: Node) -> list[str]:
     return ["nsenter", f"--mount={ns / 'mnt'}", "--"]
 
 
-def _fresh(node: Node, version: str, node_name: str) -> None:
+def _fresh(node: Node, version: str, node_name: str, network: bool = True) -> None:
     """An empty run directory (earlier logs gone) and the new node's state: ports, token, sysctls."""
     if node.run.exists() and any(node.run.iterdir()):
         keep = {"logs"}
@@ -846,6 +1090,9 @@ def _fresh(node: Node, version: str, node_name: str) -> None:
         "sysctls": _read_sysctls(),
         "processes": {},
     }
+    if network:  # a whole node: pods on a bridge of its own, the API server on it at port 443
+        node.state["net"] = _pick_network(node.run)
+        node.state["ports"]["apiserver"] = 443
     node.save()
 
 
@@ -882,6 +1129,7 @@ def up(version: str, run: Path, node_name: str) -> None:
 def _control_plane(node: Node, apiserver_bin: Path, etcd_bin: Path) -> None:
     """Certificates, the admin kubeconfig, etcd and kube-apiserver (ready)."""
     p = node.state["ports"]
+    net = node.state.get("net")
     run = node.run
     _certificates(node)
     pki = run / "pki"
@@ -928,8 +1176,8 @@ def _control_plane(node: Node, apiserver_bin: Path, etcd_bin: Path) -> None:
             str(apiserver_bin),
             f"--etcd-servers=http://127.0.0.1:{p['etcd_client']}",
             f"--secure-port={p['apiserver']}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={_service_ip(node)}" if net else "--bind-address=127.0.0.1",
+            f"--advertise-address={_service_ip(node)}" if net else "--advertise-address=127.0.0.1",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
             f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
@@ -939,10 +1187,12 @@ def _control_plane(node: Node, apiserver_bin: Path, etcd_bin: Path) -> None:
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--service-cluster-ip-range={net['services']}"
+            if net
+            else "--service-cluster-ip-range=10.0.0.0/24",
             "--kubelet-preferred-address-types=Hostname",
-            # a loopback advertise address cannot be the kubernetes Service's endpoint: no endpoints
-            # (nothing routes the Service's address here anyway: no kube-proxy, no pod network)
+            # No kube-proxy: the kubernetes Service's address is the API server's own (the node's
+            # bridge address, first of the Service range), so its Endpoints would add nothing.
             "--endpoint-reconciler-type=none",
             "--enable-priority-and-fairness=false",
             "--profiling=false",
@@ -953,7 +1203,7 @@ def _control_plane(node: Node, apiserver_bin: Path, etcd_bin: Path) -> None:
         "kube-apiserver",
         node.logs / "kube-apiserver.log",
         apiserver,
-        lambda: _https_ok(f"https://127.0.0.1:{p['apiserver']}/readyz", node.state["token"]),
+        lambda: _https_ok(f"{node.api_url}/readyz", node.state["token"]),
         120,
     )
 
@@ -966,6 +1216,7 @@ def _up(node: Node, version: str) -> None:
     run = node.run
     pki = run / "pki"
     started = time.monotonic()
+    _bridge_up(node)
     _control_plane(node, kbin / "kube-apiserver", etcd_dir(etcd_version) / "bin" / "etcd")
 
     kcm = node.start(
@@ -1034,6 +1285,11 @@ def _up(node: Node, version: str) -> None:
             )
         if rc != 0:
             raise Failure(f"containerd: importing {tar} failed; log: {node.logs / 'images.log'}")
+    # deploy/'s example pods name busybox:1.36: the local busybox answers to that name too
+    with (node.logs / "images.log").open("ab") as out:
+        subprocess.call(
+            [*ctr, "images", "tag", "--force", BUSYBOX_IMAGE, EXAMPLE_BUSYBOX], stdout=out, stderr=out
+        )
 
     for cg in _cgroup_dirs(node.state["cgroup_root"]):
         cg.mkdir(exist_ok=True)
@@ -1044,8 +1300,11 @@ def _up(node: Node, version: str) -> None:
             str(kbin / "kubelet"),
             f"--config={_kubelet_config(node)}",
             f"--kubeconfig={node.kubeconfig}",
-            f"--root-dir={node.kubelet_root}",
-            f"--cert-dir={node.kubelet_root / 'pki'}",
+            # KUBELET_ROOT, at the standard path in the node's mount namespace: the kubelet dials
+            # plugins_registry/<driver>-<pod UID>-reg.sock there, which under a long run
+            # directory would pass the 107 bytes a unix socket path can have
+            "--root-dir=/var/lib/kubelet",
+            "--cert-dir=/var/lib/kubelet/pki",
             f"--hostname-override={node.state['node_name']}",
             "--v=2",
         ],
@@ -1144,6 +1403,17 @@ def _remove_cgroups(root: str) -> None:
                 os.rmdir(dirpath)
 
 
+def _undo_host_changes(node: Node) -> None:
+    """The kubelet's sysctls back as they were; the node's cgroups and its bridge gone."""
+    for key, value in node.state.get("sysctls", {}).items():
+        with contextlib.suppress(OSError):
+            Path("/proc/sys/" + key.replace(".", "/")).write_text(value)
+    if node.state.get("cgroup_root"):
+        _remove_cgroups(node.state["cgroup_root"])
+    if node.state.get("net"):  # its pods' veths went with their network namespaces
+        _ip(["link", "del", node.state["net"]["bridge"]], node.logs / "network.log")
+
+
 def down(run: Path, quiet: bool = False) -> None:
     node = Node(run)
     if not node.state:
@@ -1161,11 +1431,7 @@ def down(run: Path, quiet: bool = False) -> None:
     time.sleep(0.2)
     _kill_pod_processes(node)  # a shim that started while containerd stopped
     _unmount_under(node.run)
-    for key, value in node.state.get("sysctls", {}).items():
-        with contextlib.suppress(OSError):
-            Path("/proc/sys/" + key.replace(".", "/")).write_text(value)
-    if node.state.get("cgroup_root"):
-        _remove_cgroups(node.state["cgroup_root"])
+    _undo_host_changes(node)
     for child in list(node.run.iterdir()) if node.run.is_dir() else []:
         if child.name == "logs":
             continue
@@ -1194,7 +1460,7 @@ def control_plane(run: Path, assets: Path) -> Node:
     if node.state.get("processes"):
         down(run, quiet=True)
         node = Node(run)
-    _fresh(node, "assets", "none")
+    _fresh(node, "assets", "none", network=False)
     try:
         _control_plane(node, assets / "kube-apiserver", assets / "etcd")
     except BaseException:
@@ -1246,7 +1512,9 @@ def _env(run: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{build,up,down,env,restart,kubectl}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{build,up,down,env,restart,image,kubectl}"
+    )
     b = sub.add_parser("build", help="build the components into the cache (nothing when cached)")
     b.add_argument("--k8s", default=DEFAULT_K8S, help=f"Kubernetes release (default {DEFAULT_K8S})")
     u = sub.add_parser("up", help="start a node and print the export line")
@@ -1268,6 +1536,10 @@ def main(argv: list[str] | None = None) -> None:
         sub.add_parser("down", help="stop what up started and clean up"),
         sub.add_parser("env", help="print the export line of a running node"),
         r,
+        sub.add_parser(
+            "image",
+            help="build devplug's image from its Dockerfile (buildah, cached) and import it into the node",
+        ),
         k,
     ):
         p.add_argument(
@@ -1279,7 +1551,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.command in ("build", "up"):
         _check_version(args.k8s)
-    if args.command in ("up", "down") and os.geteuid() != 0:
+    if args.command in ("up", "down", "image") and os.geteuid() != 0:
         fail(f"{args.command} needs root (the kubelet and containerd manage mounts and cgroups)", 2)
     if args.command == "up" and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", args.node_name):
         fail(f"--node-name {args.node_name!r}: not a valid node name (lower-case letters, digits and '-')", 2)
@@ -1290,6 +1562,7 @@ def main(argv: list[str] | None = None) -> None:
         "restart": lambda: restart(args.run_dir, args.component, signal.Signals[f"SIG{args.signal}"]),
         "kubectl": lambda: _kubectl(args.run_dir, args.args),
         "env": lambda: _env(args.run_dir),
+        "image": lambda: image(args.run_dir),
     }
     if args.command == "up":  # SIGTERM as Ctrl-C: a start cut short takes down what it started
         signal.signal(signal.SIGTERM, _interrupted)

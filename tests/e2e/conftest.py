@@ -30,9 +30,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for a registered resource") even where the scheduler gave it through DRA (KEP-5004)."""
     here = Path(__file__).parent
 
-    def order(item: pytest.Item) -> tuple[bool, bool]:
+    def order(item: pytest.Item) -> tuple[bool, bool, bool]:
         real_node = here in Path(item.path).parents
-        return real_node, item.get_closest_marker("before_device_plugins") is None
+        deploy = Path(item.path).name == "test_deploy.py"  # DaemonSets: after the drivers on the host
+        return real_node, item.get_closest_marker("before_device_plugins") is None, deploy
 
     items.sort(key=order)
 

@@ -71,7 +71,9 @@ def test_a_component_that_fails_is_named_with_its_log_and_nothing_is_left(node: 
             (cache / entry.name / "bin").mkdir(parents=True)
             for binary in (entry / "bin").iterdir():
                 (cache / entry.name / "bin" / binary.name).symlink_to(binary)
-    shutil.copytree(localnode.images_dir(), cache / localnode.images_dir().name)
+    (cache / localnode.images_dir().name).mkdir()
+    for tar in ("pause.tar", "busybox.tar"):  # what up imports (not the cached devplug images)
+        shutil.copy(localnode.images_dir() / tar, cache / localnode.images_dir().name / tar)
     for etcd in cache.glob("etcd-*/bin/etcd"):
         etcd.unlink()
         etcd.write_text("#!/bin/sh\necho 'etcd: refusing to start (test)' >&2\nexit 3\n")
@@ -111,6 +113,9 @@ def test_down_stops_what_up_started_and_cleans_up(node: Node) -> None:
         started = list(state["processes"].values())
         cgroup_root = state["cgroup_root"]
         assert all(localnode.alive(entry) for entry in started)
+        net, session_net = state["net"], json.loads((node.run / "state.json").read_text())["net"]
+        assert net["bridge"] != session_net["bridge"] and net["subnet"] != session_net["subnet"]
+        assert Path("/sys/class/net", net["bridge"]).exists()
 
         down = run("down", "--run-dir", str(run_dir))
         assert down.returncode == 0, down.stderr
@@ -126,6 +131,8 @@ def test_down_stops_what_up_started_and_cleans_up(node: Node) -> None:
         shims = [p for p in Path("/proc").iterdir() if p.name.isdigit() and address in _cmdline(p)]
         assert shims == []
         assert oops.read_text() == "0\n"
+        assert not Path("/sys/class/net", net["bridge"]).exists()
+        assert Path("/sys/class/net", session_net["bridge"]).exists()
         assert node.get("node", node.name, namespace="")  # the session's node is untouched
         again = run("down", "--run-dir", str(run_dir))
         assert again.returncode == 0
