@@ -179,6 +179,8 @@ def _collection(
     if r.verb == "watch":
         return _watch(store, r, select, q, bookmark_interval=bookmark_interval, tables=tables)
     if r.verb == "list":
+        if q.get("resourceVersion"):
+            parse_rv(q["resourceVersion"], for_watch=False)
         limit = _int(q.get("limit") or "0", "limit")
         found = list_objects(store, r.kind, r.namespace, select, limit=limit, token=q.get("continue"))
         if tables:

@@ -128,8 +128,9 @@ class APIError(Exception):
             "metadata": {},
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
         }
+        if self.reason:  # omitted when empty, as Go's encoder does
+            body["reason"] = self.reason
         if self.details:
             body["details"] = self.details
         body["code"] = self.code

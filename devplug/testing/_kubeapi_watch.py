@@ -84,14 +84,19 @@ def _decode_continue(token: str) -> str:
     return start.rstrip("\x00")
 
 
-def parse_rv(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise bad_request(f'resourceVersion: Invalid value: "{text}": must be an integer') from None
-    if value < 0:
-        raise bad_request(f'resourceVersion: Invalid value: "{text}": must be a non-negative integer')
-    return value
+def parse_rv(text: str, *, for_watch: bool = True) -> int:
+    """A resourceVersion as the API server parses it (an unsigned decimal integer).
+
+    Refused with the real server's texts: a list answers 400 BadRequest; a watch answers 500 with
+    no reason (the error reaches the handler unwrapped, as kube-apiserver 1.37.2 answers it).
+    """
+    if text.isascii() and text.isdigit():
+        return int(text)
+    parsing = f"strconv.ParseUint: parsing {json.dumps(text)}: invalid syntax"
+    why = f'resourceVersion: Invalid value: "{text}": {parsing}'
+    if for_watch:
+        raise APIError(500, "", why)
+    raise bad_request(f"invalid resource version: {why}")
 
 
 async def watch(

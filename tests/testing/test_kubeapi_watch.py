@@ -162,10 +162,3 @@ async def test_bookmarks_and_initial_events(api: FakeKubeAPI, client: lightkube.
     )
     assert lines[0]["type"] == "BOOKMARK"
     assert lines[0]["object"]["metadata"]["resourceVersion"] == created.metadata.resourceVersion
-
-
-async def test_a_bad_resource_version_is_400(api: FakeKubeAPI) -> None:
-    async with raw(api.url) as http:
-        answer = await http.get(SLICES, params={"watch": "true", "resourceVersion": "abc"})
-    assert answer.status_code == 400
-    assert answer.json()["reason"] == "BadRequest"
