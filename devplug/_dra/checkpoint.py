@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,17 +52,30 @@ class Checkpoint:
         self.claims: dict[str, PreparedClaim] = {}
         self.error: str | None = None
         """Why the file cannot be trusted (prepares fail closed while set)."""
+        self._seen: tuple[int, int, int, int] | bool | None = False
+        """The file as last read or written (device, inode, size, mtime), None when absent,
+        False before it was first looked at."""
+
+    def unchanged(self) -> bool:
+        """Whether the file is still the one last read or written here (a stat, no read): with a
+        shared lock file, another process (the other pod of a rolling update) may have written it."""
+        return self._seen is not False and _identity(self.path) == self._seen
 
     def load(self) -> None:
         """Read the file (a missing one is an empty checkpoint); sets :attr:`error` if unusable."""
         self.claims, self.error = {}, None
         try:
-            raw = self.path.read_bytes()
+            with self.path.open("rb") as file:
+                info = os.fstat(file.fileno())
+                raw = file.read()
         except FileNotFoundError:
+            self._seen = None
             return
         except OSError as exc:
             self.error = f"checkpoint {self.path} cannot be read: {exc.strerror}"
+            self._seen = False
             return
+        self._seen = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
         try:
             data = json.loads(raw)
             body = {k: v for k, v in data.items() if k != "checksum"}
@@ -95,7 +109,17 @@ class Checkpoint:
             "claims": {uid: asdict(claim) for uid, claim in sorted(self.claims.items())},
         }
         text = json.dumps({**body, "checksum": _checksum(body)}, indent=1, sort_keys=True)
+        self._seen = False  # until the new file is in place (a failed write leaves it unknown)
         write_atomically(self.path.parent, self.path.name, text, mode=0o600)
+        self._seen = _identity(self.path)
+
+
+def _identity(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 def _checksum(body: dict[str, Any]) -> str:

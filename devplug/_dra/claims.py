@@ -328,14 +328,25 @@ class Preparer:
         for plugin in self.inventory.plugins:
             if plugin.resource_name in record.resources and plugin.unprepares_claims():
                 await plugin.unprepare_claim(claim)
-        await self._undo(record)
+        # One trip to a worker thread: the spec goes, then the checkpoint that recorded it.
+        await anyio.to_thread.run_sync(self._forget, ref, record)
+        self._log.info("claim_unprepared", claim=str(ref), uid=ref.uid)
+
+    def _forget(self, ref: ClaimRef, record: PreparedClaim) -> None:
+        """Remove ``record``'s spec, then drop it from the checkpoint (in a worker thread).
+
+        Raises:
+            ClaimError: the checkpoint could not be written; the claim stays recorded.
+        """
+        if record.spec_file:
+            with contextlib.suppress(FileNotFoundError):
+                (self.cdi_dir / record.spec_file).unlink()
         del self.checkpoint.claims[ref.uid]
         try:
-            await anyio.to_thread.run_sync(self.checkpoint.save)
+            self.checkpoint.save()
         except OSError as exc:
             self.checkpoint.claims[ref.uid] = record
             raise ClaimError(f"claim {ref}: the checkpoint cannot be written: {exc.strerror}") from None
-        self._log.info("claim_unprepared", claim=str(ref), uid=ref.uid)
 
     async def _undo(self, record: PreparedClaim) -> None:
         if record.spec_file:
@@ -357,9 +368,14 @@ class Preparer:
             if self._lock_file is None:
                 yield
                 return
-            fd = await anyio.to_thread.run_sync(_flock, self._lock_file)
+            # Without a worker thread when nothing holds the lock and nobody wrote the checkpoint
+            # since (the common case): a trip to a worker thread costs more than the call.
+            fd = _try_flock(self._lock_file)
+            if fd is None:
+                fd = await anyio.to_thread.run_sync(_flock, self._lock_file)
             try:
-                await anyio.to_thread.run_sync(self.checkpoint.load)
+                if not self.checkpoint.unchanged():
+                    await anyio.to_thread.run_sync(self.checkpoint.load)
                 yield
             finally:
                 os.close(fd)
@@ -377,6 +393,17 @@ class Preparer:
 def _flock(path: Path) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _try_flock(path: Path) -> int | None:
+    """The lock if it is free now (None when another process holds it)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
     return fd
 
 

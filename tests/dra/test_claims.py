@@ -312,3 +312,54 @@ def test_mounts_and_specs_in_the_cdi_spec() -> None:
     ]
     assert device["annotations"] == {"k": "v"}
     assert Device(id="x").healthy
+
+
+async def test_two_drivers_sharing_the_lock_read_each_others_writes(tmp_path: Path) -> None:
+    """The old and the new pod of a rolling update: one lock file, one checkpoint file, each its
+    own Checkpoint in memory. Each sees what the other wrote before it acts (a changed file is
+    read again; an unchanged one is not), and waits while the other holds the lock."""
+    import fcntl
+    import os
+
+    old, new = World(tmp_path), World(tmp_path)
+    for w in (old, new):
+        w.preparer = Preparer(
+            driver=DRIVER,
+            node=NODE,
+            inventory=w.inventory,
+            checkpoint=w.checkpoint,
+            cdi_dir=w.cdi,
+            fetch_claim=w.fetch,
+            log=structlog.get_logger("test"),
+            lock_file=tmp_path / "lock",
+        )
+    first, second = claim("u1", [("a", "w0")]), claim("u2", [("a", "w0")])
+    for w in (old, new):
+        w.add(first)
+        w.add(second)
+    r1, r2 = ClaimRef("u1", "ns", "c-u1"), ClaimRef("u2", "ns", "c-u2")
+    assert not (await old.preparer.prepare([r1]))["u1"].error
+    taken = (await new.preparer.prepare([r2]))["u2"]
+    assert taken.error and "w0" in taken.error  # the new pod read the old one's claim on w0
+    assert old.checkpoint.unchanged() and not new.checkpoint.claims.keys() - {"u1"}
+    assert not (await new.preparer.unprepare([r1]))["u1"].error  # the new pod undoes the old one's claim
+    assert not old.checkpoint.unchanged()
+    assert not (await old.preparer.prepare([r2]))["u2"].error  # w0 is free again: the old pod saw that
+    assert set(json.loads((tmp_path / FILE_NAME).read_text())["claims"]) == {"u2"}
+
+    fd = os.open(tmp_path / "lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a third holder: the next unprepare waits for it
+    async with anyio.create_task_group() as tg:
+        done = anyio.Event()
+
+        async def unprepare() -> None:
+            assert not (await new.preparer.unprepare([r2]))["u2"].error
+            done.set()
+
+        tg.start_soon(unprepare)
+        await anyio.sleep(0.2)
+        assert not done.is_set()
+        os.close(fd)
+        with anyio.fail_after(5):
+            await done.wait()
+    assert json.loads((tmp_path / FILE_NAME).read_text())["claims"] == {}
