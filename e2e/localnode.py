@@ -472,6 +472,7 @@ def _base_image(log: Path) -> None:
     if not tar.is_file():
         say(f"making the base image's root file system (Debian {BASE_SUITE}, python3; log: {log})")
         partial = tar.with_suffix(".partial")
+        partial.unlink(missing_ok=True)  # what an interrupted run left
         excludes = [
             f"--dpkgopt=path-exclude={x}"
             for x in ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*", "/usr/share/info/*")
