@@ -44,7 +44,8 @@ def claim(
 
 
 class World:
-    def __init__(self, root: Path, plugin: Widgets | None = None) -> None:
+    def __init__(self, root: Path, plugin: Widgets | None = None, lock_file: Path | None = None) -> None:
+        self.lock_file = lock_file
         self.plugin = plugin or Widgets()
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.inventory = Inventory([self.plugin])
@@ -62,6 +63,7 @@ class World:
             cdi_dir=self.cdi,
             fetch_claim=self.fetch,
             log=structlog.get_logger("test"),
+            lock_file=self.lock_file,
         )
 
     async def fetch(self, namespace: str, name: str) -> dict[str, Any]:
@@ -321,18 +323,7 @@ async def test_two_drivers_sharing_the_lock_read_each_others_writes(tmp_path: Pa
     import fcntl
     import os
 
-    old, new = World(tmp_path), World(tmp_path)
-    for w in (old, new):
-        w.preparer = Preparer(
-            driver=DRIVER,
-            node=NODE,
-            inventory=w.inventory,
-            checkpoint=w.checkpoint,
-            cdi_dir=w.cdi,
-            fetch_claim=w.fetch,
-            log=structlog.get_logger("test"),
-            lock_file=tmp_path / "lock",
-        )
+    old, new = World(tmp_path, lock_file=tmp_path / "lock"), World(tmp_path, lock_file=tmp_path / "lock")
     first, second = claim("u1", [("a", "w0")]), claim("u2", [("a", "w0")])
     for w in (old, new):
         w.add(first)
