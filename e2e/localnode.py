@@ -1565,7 +1565,7 @@ def main(argv: list[str] | None = None) -> None:
         "env": lambda: _env(args.run_dir),
         "image": lambda: image(args.run_dir),
     }
-    if args.command == "up":  # SIGTERM as Ctrl-C: a start cut short takes down what it started
+    if args.command in ("up", "image"):  # SIGTERM as Ctrl-C: what was started is cleaned up
         signal.signal(signal.SIGTERM, _interrupted)
         signal.signal(signal.SIGINT, _interrupted)  # also where the shell started it ignoring SIGINT
     try:
