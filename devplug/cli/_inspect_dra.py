@@ -166,9 +166,19 @@ async def _watch(
     as_json: bool,
     out: TextIO,
 ) -> int:
-    from devplug.testing._dra_validation import health_service
+    from devplug.testing._dra_validation import HEALTH_V1ALPHA1, health_service
 
-    service = health_service(target.services)
+    # A bare endpoint advertises nothing: its v1alpha1 health service, the one every release of
+    # the kubelet since 1.34 opens. A registration socket's GetInfo says which the kubelet opens.
+    service = health_service(target.services) if target.info is not None else HEALTH_V1ALPHA1
+    if service is None:
+        print(
+            f"devplug inspect: {target.endpoint} advertises no DRAResourceHealth service "
+            f"(supported versions: {', '.join(target.services) or 'none'}); the kubelet "
+            "watches the health only of plugins that do",
+            file=sys.stderr,
+        )
+        return 1
     doc["health_service"] = service
     print(
         json.dumps({"event": "info", **doc}) if as_json else "\n".join([*lines, f"health: {service}"]),

@@ -197,7 +197,8 @@ class DraManager:
         with instance.scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._monitor, instance)
-                tg.start_soon(self._watch_health, instance)
+                if instance.health_service is not None:
+                    tg.start_soon(self._watch_health, instance, instance.health_service)
 
     async def _monitor(self, instance: DraInstance) -> None:
         # The kubelet's stats handler: ConnBegin marks the instance connected, ConnEnd
@@ -221,12 +222,12 @@ class DraManager:
                 self.changed()
             await channel.wait_for_state_change(state)
 
-    async def _watch_health(self, instance: DraInstance) -> None:
-        bound = log.bind(driver=instance.driver, endpoint=instance.endpoint, service=instance.health_service)
+    async def _watch_health(self, instance: DraInstance, service: str) -> None:
+        bound = log.bind(driver=instance.driver, endpoint=instance.endpoint, service=service)
         while True:
             instance.health_streams += 1
             try:
-                async for reports in rpc.watch_health(instance.channel, instance.health_service):
+                async for reports in rpc.watch_health(instance.channel, service):
                     now = time.monotonic()
                     instance.health_messages.append(reports)
                     instance.health_received_at.append(now)

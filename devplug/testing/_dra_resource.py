@@ -83,7 +83,8 @@ class DraInstance:
         socket: the registration socket it came through.
         services: ``supported_versions`` from GetInfo.
         service: the DRAPlugin service used for calls (``"v1.DRAPlugin"`` or ``"v1beta1.DRAPlugin"``).
-        health_service: the health service the kubelet streams from.
+        health_service: the health service the kubelet streams from (``None``: the plugin
+            advertises none, and the kubelet opens no health stream).
         connected: whether the kubelet's connection to ``endpoint`` is up right now.
         health_messages: every NodeWatchResources message, as sent.
         health_received_at: ``time.monotonic()`` of each message.
@@ -99,7 +100,7 @@ class DraInstance:
         socket: str,
         services: tuple[str, ...],
         service: str,
-        health_service: str,
+        health_service: str | None,
         channel: grpc.aio.Channel,
     ) -> None:
         self.driver = driver

@@ -75,13 +75,18 @@ def not_registered_error(driver: str) -> str:
     return f"DRA driver {driver} is not registered"
 
 
-def health_service(services: Sequence[str]) -> str:
-    """The health service to open: v1 when advertised (1.37), else v1alpha1.
+def health_service(services: Sequence[str]) -> str | None:
+    """The health service the kubelet opens: the newest one the plugin advertises, else none.
 
-    Kubelets 1.34-1.36 open v1alpha1 even when the plugin does not advertise it (and retry
-    every 5 s when it is not served: kubernetes issue 141855); so does the fake.
+    Kubelet 1.37 prefers ``v1.DRAResourceHealth``, takes ``v1alpha1`` when only that is
+    advertised, and opens no health stream for a plugin that advertises neither. (Kubelets
+    1.34-1.36 opened v1alpha1 whether advertised or not, retrying every 5 s when it was not
+    served: kubernetes issue 141855.)
     """
-    return HEALTH_V1 if HEALTH_V1 in services else HEALTH_V1ALPHA1
+    for service in (HEALTH_V1, HEALTH_V1ALPHA1):
+        if service in services:
+            return service
+    return None
 
 
 def check_prepare(claims: Sequence[ClaimRef], answered: Mapping[str, ClaimResult]) -> str | None:

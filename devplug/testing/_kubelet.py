@@ -42,25 +42,32 @@ log = structlog.get_logger(__name__)
 class FakeKubelet(DraActions, KubeletActions):
     """A kubelet device manager that plugins register with, over real gRPC on unix sockets.
 
+    It behaves as kubelet 1.37 does, as observed in the project's tests against the real one.
     It validates and answers ``Register`` with the kubelet's error texts, dials the plugin back
     (synchronously, like kubelet >= 1.26, or in the background, like <= 1.25), keeps one
     ListAndWatch per connection and the device table it implies, and restarts the way a
     kubelet does: every socket in the directory deleted and ``kubelet.sock`` created afresh.
-    With ``plugins_registry_dir`` it also runs the plugin watcher.
+    A resource may have several endpoints (one per socket path: the newest takes the calls, the
+    others stay connected); a path that registers again while connected is refused and, as in
+    that kubelet, left stuck (see :mod:`devplug.testing._manager`). With
+    ``plugins_registry_dir`` it also runs the plugin watcher.
 
-    With ``dra=True`` (and ``plugins_registry_dir``) it is also the kubelet's DRA manager
-    (>= 1.34): the watcher registers ``DRAPlugin`` sockets (the first service of the plugin's
-    list that the kubelet knows, an endpoint used twice refused), keeps a connection to each
-    instance and a health stream, calls NodePrepareResources / NodeUnprepareResources
-    (:meth:`prepare`, :meth:`unprepare`) and checks the answers as the kubelet does. Given a
-    ``kube_api`` (:class:`FakeKubeAPI`), it deletes every ResourceSlice of ``node_name`` at
-    each (re)start, and a driver's slices of the node ``wipe_delay`` seconds after it became
-    unusable (no instance connected), unless one connects in time. A restart registers the
-    sockets of ``plugins_registry_dir`` afresh and forgets the prepared claims.
+    With ``dra=True`` (and ``plugins_registry_dir``) it is also the kubelet's DRA manager (from
+    1.34): the watcher registers ``DRAPlugin`` sockets (the first service of the plugin's list
+    that the kubelet knows, an endpoint used twice refused), keeps a connection to each instance
+    and a health stream (the newest DRAResourceHealth service the plugin advertises, none when
+    it advertises none; 1.34-1.36 opened v1alpha1 regardless), calls NodePrepareResources /
+    NodeUnprepareResources (:meth:`prepare`, :meth:`unprepare`) and checks the answers as the
+    kubelet does. Given a ``kube_api`` (:class:`FakeKubeAPI`), it deletes every ResourceSlice of
+    ``node_name`` at each (re)start, and a driver's slices of the node ``wipe_delay`` seconds
+    after it became unusable (no instance connected), unless one connects in time. A restart
+    registers the sockets of ``plugins_registry_dir`` afresh and forgets the prepared claims.
 
     Use it as an async context manager (or ``start()``/``stop()``), on anyio's asyncio backend.
     The timeouts the kubelet uses are attributes, so a test may shorten them on an instance:
-    ``dial_timeout`` (10 s), ``get_info_timeout`` (1 s), ``pre_start_timeout`` (30 s).
+    ``dial_timeout`` (10 s), ``get_info_timeout`` (1 s), ``pre_start_timeout`` (30 s), and
+    ``reconcile_period`` (1 s: the plugin watcher's registration attempts are made in rounds
+    this far apart, as the kubelet's reconciler makes them; 0 makes them at once).
 
     Errors from the helpers are ``KubeletError``: the plugin's own gRPC status (``code`` is its
     name, the message its details); ``"UNKNOWN"`` for the kubelet's own complaints about a reply
@@ -68,18 +75,15 @@ class FakeKubelet(DraActions, KubeletActions):
     (resource not registered, its stream ended, an option not advertised).
 
     Where it knowingly differs from a kubelet: a resource whose stream ended is kept (the
-    kubelet drops it after 5 minutes); a resource registering again has its old connection
-    closed before the new one takes over (kubelets 1.26-1.35 leave it open, and its end may
-    disconnect the new one: kubernetes issue 121994); the plugin watcher looks at the top level
-    of ``plugins_registry_dir`` only, and refuses a relative endpoint at once instead of timing
-    out dialling it. In DRA mode: the start-up wipe is done before the watcher runs (the
-    kubelet does it in the background) and acts on the FakeKubeAPI's store directly, so API
-    outages and injected faults do not delay it; health streams are opened on v1alpha1 when
-    the plugin does not advertise v1 (as 1.34-1.36, which open it even when not advertised);
-    the health cache is not checkpointed; a relative DRA endpoint is refused at registration
-    (the kubelet would never connect); there are no pods: :meth:`prepare` takes the claims (no
-    claim is read from the API, nothing is skipped as already prepared), and refuses a device
-    without pool or device name (the kubelet stores it as it comes).
+    kubelet drops it after 5 minutes); the plugin watcher looks at the top level of
+    ``plugins_registry_dir`` only, and refuses a relative endpoint at once instead of timing out
+    dialling it. In DRA mode: the start-up wipe is done before the watcher runs (the kubelet
+    does it in the background) and acts on the FakeKubeAPI's store directly, so API outages and
+    injected faults do not delay it; the health cache is not checkpointed; a relative DRA
+    endpoint is refused at registration (the kubelet would never connect); there are no pods:
+    :meth:`prepare` takes the claims (no claim is read from the API, nothing is skipped as
+    already prepared), and refuses a device without pool or device name (the kubelet stores it
+    as it comes).
 
     Attributes:
         device_plugin_dir: the absolute device-plugin directory.
@@ -92,6 +96,7 @@ class FakeKubelet(DraActions, KubeletActions):
     dial_timeout: float = 10.0
     get_info_timeout: float = 1.0
     pre_start_timeout: float = 30.0
+    reconcile_period: float = 1.0
 
     def __init__(
         self,

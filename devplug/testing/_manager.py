@@ -1,7 +1,17 @@
-"""The fake kubelet's device manager: one endpoint per resource, its stream, and change waits.
+"""The fake kubelet's device manager: each resource's endpoints, their streams, and change waits.
 
 Both registration paths (``Register`` on kubelet.sock and the plugin watcher) end here, as
 they do in the kubelet, so a resource behaves the same whichever way it arrived.
+
+As kubelet 1.37's device manager, a resource may have several connected endpoints, one per
+socket path: the newest is the one Allocate goes to, every stream's list replaces the
+resource's device table, and when one ends another takes over (the devices turn unhealthy only
+when the last one ends). A socket path that registers again while its connection is up is
+refused ("device plugin already connected") after GetDevicePluginOptions, and that refusal
+also makes the kubelet forget the connected client, so the end of its stream no longer
+disconnects it: the resource keeps its devices and refuses that path until the kubelet
+restarts. (Kubelets 1.26-1.36 kept one client per resource: a new registration replaced it,
+and the end of the old stream could disconnect the new one, kubernetes issue 121994.)
 """
 
 from __future__ import annotations
@@ -121,17 +131,23 @@ class DeviceManager:
             # The kubelet stopped while this registration was in flight.
             await endpoint.close()
             raise ConnectError("kubelet is shutting down")
-        self._endpoints.add(endpoint)
         view = self.resources.get(endpoint.resource)
+        connected = view._store.get(endpoint.path) if view is not None else None
+        if connected is not None:
+            # The kubelet's registration server drops every client of this path on the way
+            # out, the connected one included: its stream's end will not disconnect it.
+            connected.orphaned = True
+            with anyio.CancelScope(shield=True):
+                await endpoint.close()
+            log.info("plugin_already_connected", resource=endpoint.resource, socket=endpoint.path)
+            raise ConnectError(f"device plugin already connected: {endpoint.path}")
+        self._endpoints.add(endpoint)
         if view is None:
-            self.resources[endpoint.resource] = ResourceView(endpoint.resource, endpoint)
+            view = self.resources[endpoint.resource] = ResourceView(endpoint.resource, endpoint)
         else:
-            # The same resource registering again replaces its endpoint. Close the old
-            # connection first so that the end of its stream cannot touch the new one.
-            old, view._current = view._current, endpoint
-            with anyio.move_on_after(5, shield=True):
-                await old.close()
-            self._endpoints.discard(old)
+            # The newest endpoint is the resource's; the others stay connected.
+            view._current = endpoint
+        view._store[endpoint.path] = endpoint
         self.task_group.start_soon(self._run_stream, endpoint, name=f"list_and_watch {endpoint.resource}")
         self.changed()
 
@@ -161,7 +177,8 @@ class DeviceManager:
                     endpoint.raw_lists.append(devices)
                     endpoint.received_at.append(time.monotonic())
                     view = self.resources.get(endpoint.resource)
-                    if view is not None and view._current is endpoint:
+                    if view is not None and view._store.get(endpoint.path) is endpoint:
+                        # Any endpoint's list replaces the resource's table, as each arrives.
                         view._apply(devices)
                     bound.debug(
                         "device_list_received", devices=len(devices), messages=len(endpoint.raw_lists)
@@ -177,9 +194,14 @@ class DeviceManager:
         finally:
             with anyio.CancelScope(shield=True):
                 view = self.resources.get(endpoint.resource)
-                if view is not None and view._current is endpoint:
-                    # Stream end or error: every device of the resource becomes unhealthy.
-                    view._mark_unhealthy()
+                if view is not None and not endpoint.orphaned and view._store.get(endpoint.path) is endpoint:
+                    del view._store[endpoint.path]
+                    if view._store:
+                        # Another endpoint of the resource takes over; the table stays as it is.
+                        view._current = next(iter(view._store.values()))
+                    else:
+                        # The last stream ended: every device of the resource becomes unhealthy.
+                        view._mark_unhealthy()
                 await endpoint.close()
                 self._endpoints.discard(endpoint)
                 self.changed()

@@ -62,6 +62,9 @@ class Endpoint:
         # kill_stream); the stream task enters it.
         self.scope = anyio.CancelScope()
         self.stopped = False
+        # Forgotten by the kubelet's registration server (its path registered again while it was
+        # connected): the end of its stream no longer disconnects it.
+        self.orphaned = False
         self.closed = anyio.Event()
         self._closing = False
 
@@ -81,16 +84,20 @@ class Endpoint:
 class ResourceView:
     """A live view of one registered resource, as the kubelet's device manager holds it.
 
-    The device table follows the kubelet: each ListAndWatch message replaces it, only health
-    ``"Healthy"`` (exactly) counts, and when the stream of the current endpoint ends every
-    device turns unhealthy until a new list arrives. The table outlives a re-registration of
-    the same resource (the kubelet keeps it until the new endpoint sends its first list);
-    ``raw_lists`` and ``messages`` are those of the current connection only.
+    The device table follows the kubelet: each ListAndWatch message (of any of the resource's
+    connected endpoints) replaces it, only health ``"Healthy"`` (exactly) counts, and when the
+    last connected endpoint's stream ends every device turns unhealthy until a new list arrives.
+    The table outlives a re-registration of the same resource (the kubelet keeps it until the
+    new endpoint sends its first list); ``raw_lists`` and ``messages`` are those of the current
+    connection only.
     """
 
     def __init__(self, name: str, endpoint: Endpoint) -> None:
         self.name = name
         self._current: Endpoint = endpoint
+        # The connected endpoints by socket path (the kubelet's endpoint store); the newest is
+        # ``_current``, the one calls go to.
+        self._store: dict[str, Endpoint] = {}
         self._last: list[RawDevice] = []
         self._stream_ended = False
         # The kubelet keeps two ID sets per resource; capacity and allocatable count them.

@@ -2,16 +2,21 @@
 
 For each socket that appears (or is there at start) the kubelet dials it, asks GetInfo
 (one second), validates the answer, connects to the advertised endpoint through the device
-manager and reports the outcome with NotifyRegistrationStatus. A failure before the plugin is
-known to the kubelet is retried with a doubling back-off; deleting the socket deregisters it.
+manager and reports the outcome with NotifyRegistrationStatus. Attempts are made by the
+kubelet's reconciler, which runs once a second: a new socket waits for its next round (up to a
+second), and a failure before the plugin is known to the kubelet is retried at the first round
+after a doubling back-off (500 ms, then 1 s, 2 s, ... up to 2 min 2 s) has passed. Deleting
+the socket deregisters it.
 Type ``DevicePlugin`` is handled here; type ``DRAPlugin`` by a :class:`TypeHandler` when the
 kubelet has one (:mod:`devplug.testing._dra_watcher`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -59,6 +64,7 @@ class Timeouts(Protocol):
 
     dial_timeout: float
     get_info_timeout: float
+    reconcile_period: float
 
 
 class TypeHandler(Protocol):
@@ -96,11 +102,13 @@ class PluginWatcher:
         self._handlers = handlers or {}
         self._sockets: dict[Path, _Socket] = {}
         self._tg: TaskGroup | None = None
+        self._started = time.monotonic()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watch until cancelled; reports started once the watch is set and present sockets are taken."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            self._started = time.monotonic()
             with Inotify() as inotify:
                 inotify.add_watch(self.directory, Mask.CREATE | Mask.MOVED_TO | Mask.DELETE | Mask.MOVED_FROM)
                 # Scan after the watch is set so nothing created in between is missed; a socket
@@ -154,10 +162,23 @@ class PluginWatcher:
 
     async def _register_until_done(self, socket: _Socket) -> None:
         delay = _RETRY_FIRST
+        earliest = time.monotonic()
         with socket.scope:
-            while not await self._register_once(socket):
-                await anyio.sleep(delay)
+            while True:
+                await self._next_round(earliest)
+                if await self._register_once(socket):
+                    return
+                earliest = time.monotonic() + delay
                 delay = min(delay * 2, _RETRY_MAX)
+
+    async def _next_round(self, earliest: float) -> None:
+        """Sleep until the reconciler's first round at or after ``earliest``."""
+        period = self._timeouts.reconcile_period
+        if period <= 0:
+            await anyio.sleep(max(0.0, earliest - time.monotonic()))
+            return
+        rounds = math.ceil(max(0.0, earliest - self._started) / period)
+        await anyio.sleep(max(0.0, self._started + rounds * period - time.monotonic()))
 
     async def _register_once(self, socket: _Socket) -> bool:
         """One registration attempt; ``False`` when the kubelet would try again later."""

@@ -51,7 +51,7 @@ async def test_the_registration_socket_shows_get_info(driver: RawDraDriver) -> N
     lines = out.splitlines()
     assert lines[0] == f"socket: {driver.reg_socket} (DRA registration socket)"
     assert lines[1] == f"GetInfo: type DRAPlugin, name {DRIVER}, endpoint {driver.dra_socket}"
-    assert lines[2] == "supported versions: v1.DRAPlugin, v1beta1.DRAPlugin"
+    assert lines[2] == "supported versions: v1.DRAPlugin, v1beta1.DRAPlugin, v1alpha1.DRAResourceHealth"
     assert lines[3] == "service: v1.DRAPlugin (the first the kubelet knows)"
     assert lines[4] == "empty NodePrepareResources: {}"
     # Inspecting does not register: nothing was notified.
@@ -220,3 +220,23 @@ def test_bad_arguments_exit_2(args: list[str], message: str) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert message in one_line(result.stderr)
+
+
+async def test_watch_on_a_registration_that_advertises_no_health_says_so(short_dir: Path) -> None:
+    # Kubelet 1.37 opens no health stream for such a driver; inspect says why it has none to show.
+    raw = RawDraDriver(
+        short_dir / "plugins" / DRIVER,
+        short_dir / "registry",
+        services=("v1.DRAPlugin",),
+        serve=("v1", "v1alpha1-health"),
+    )
+    await raw.start()
+    try:
+        code, _, err = await inspect(str(raw.reg_socket), "--watch")
+    finally:
+        await raw.stop()
+    assert code == 1
+    assert one_line(err) == (
+        f"devplug inspect: {raw.dra_socket} advertises no DRAResourceHealth service (supported "
+        "versions: v1.DRAPlugin); the kubelet watches the health only of plugins that do"
+    )

@@ -28,7 +28,8 @@ from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
 Context = grpc.aio.ServicerContext[Any, Any]
 DRIVER = "gpu.example.com"
 NODE = "node-1"
-SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# What it serves by default, advertised (kubelet 1.37 watches only an advertised health service).
+SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
 # (pool, device, health 0/1/2, health_check_timeout_seconds)
 HealthEntry = tuple[str, str, int, int]
 PrepareHandler = Callable[[Any, Context], Awaitable[Any]]

@@ -144,22 +144,63 @@ async def test_kubelet_125_answers_at_once_and_trusts_register_options(
         assert plugin.options_calls == 0
 
 
-async def test_registering_again_replaces_the_endpoint(kubelet: FakeKubelet, make_plugin: MakePlugin) -> None:
+async def test_a_second_endpoint_of_a_resource_takes_the_calls_and_the_first_stays(
+    kubelet: FakeKubelet, make_plugin: MakePlugin
+) -> None:
+    # Kubelet 1.37: endpoints by socket path; the newest is the resource's, the others stay
+    # connected, and each stream's list replaces the table.
     first = await registered(kubelet, make_plugin)
-    second = await make_plugin(kubelet.device_plugin_dir / "widget-2.sock", RESOURCE)
+    second = await make_plugin(
+        kubelet.device_plugin_dir / "widget-2.sock",
+        RESOURCE,
+        devices=[("x", "Healthy", ()), ("y", "Healthy", ())],
+    )
     await second.register(kubelet.socket_path)
-
-    # The kubelet closed the old connection before Register returned; the old plugin sees
-    # its stream cancelled (a moment later: the server learns of it asynchronously).
     view = kubelet.resource(RESOURCE)
-    with anyio.fail_after(5):
-        while first.streams_closed == 0:
-            await first.changed()
-    assert first.streams_cancelled == 1
     assert view.endpoint == str(second.socket)
     assert (await kubelet.wait_for_registration(RESOURCE, count=2)).endpoint == "widget-2.sock"
-    await kubelet.wait_for_devices(RESOURCE)
-    assert kubelet.allocatable(RESOURCE) == 1
+    await kubelet.wait_for_devices(RESOURCE, lambda ds: len(ds) == 2)
+    assert kubelet.allocatable(RESOURCE) == 2
+    assert (first.streams_opened, first.streams_closed) == (1, 0)
+
+    # The newest goes: the first takes over, the table stays until it sends a list.
+    await second.stop()
+    await kubelet.wait_for(lambda: True if view.endpoint == str(first.socket) else None, timeout=5)
+    assert kubelet.allocatable(RESOURCE) == 2
+    first.set_devices([("a", "Healthy", ())])
+    await kubelet.wait_for_devices(RESOURCE, lambda ds: [d.id for d in ds] == ["a"])
+
+    # The last one goes: nothing stays allocatable.
+    await first.stop()
+    await kubelet.wait_for_devices(RESOURCE, lambda ds: all(d.health == Health.UNHEALTHY for d in ds))
+    assert kubelet.allocatable(RESOURCE) == 0
+
+
+async def test_a_connected_path_registering_again_is_refused_and_stays_stuck(
+    kubelet: FakeKubelet, make_plugin: MakePlugin
+) -> None:
+    # Kubelet 1.37, observed in tests/e2e/test_kubelet_observed.py: refused after
+    # GetDevicePluginOptions, and the kubelet then no longer notices that connection's end.
+    plugin = await registered(kubelet, make_plugin)
+    path = kubelet.device_plugin_dir / "widget-1.sock"
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await plugin.register(kubelet.socket_path)
+    assert refused.value.details() == f"device plugin already connected: {path}"
+    assert plugin.options_calls == 2
+    assert (plugin.streams_opened, plugin.streams_closed) == (1, 0)
+    await plugin.stop()
+    await anyio.sleep(0.3)
+    assert kubelet.allocatable(RESOURCE) == 1  # the kubelet still counts the gone plugin's device
+    again = await make_plugin(path, RESOURCE)
+    with pytest.raises(grpc.aio.AioRpcError) as still:
+        await again.register(kubelet.socket_path)
+    assert still.value.details() == f"device plugin already connected: {path}"
+    # A new path works; a kubelet restart clears the stuck one.
+    fresh = await make_plugin(kubelet.device_plugin_dir / "widget-3.sock", RESOURCE)
+    await fresh.register(kubelet.socket_path)
+    await kubelet.restart()
+    again = await make_plugin(path, RESOURCE)
+    await again.register(kubelet.socket_path)
 
 
 # -- ListAndWatch -----------------------------------------------------------------------------

@@ -91,8 +91,6 @@ async def test_the_end_of_the_stream_drops_the_driver_and_it_is_reopened(
     [
         (("v1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"), "v1"),
         (("v1.DRAPlugin", "v1alpha1.DRAResourceHealth"), "v1alpha1"),
-        # Kubelets 1.34-1.36 open v1alpha1 even when it is not advertised.
-        (("v1.DRAPlugin",), "v1alpha1"),
     ],
 )
 async def test_v1_health_is_preferred_when_advertised(
@@ -104,7 +102,20 @@ async def test_v1_health_is_preferred_when_advertised(
     assert dra_kubelet.dra_instance(DRIVER).health_service == f"{opened}.DRAResourceHealth"
 
 
-async def test_a_driver_without_health_is_retried(
+async def test_no_health_stream_for_a_driver_that_advertises_none(
+    dra_kubelet: FakeKubelet, make_dra_driver: MakeDraDriver
+) -> None:
+    # Kubelet 1.37 (1.34-1.36 opened v1alpha1 whether advertised or not).
+    dra_kubelet.health_retry = 0.1
+    driver = await make_dra_driver(services=("v1.DRAPlugin",), serve=("v1", "v1-health", "v1alpha1-health"))
+    await dra_kubelet.wait_for_usable(DRIVER)
+    await anyio.sleep(0.5)
+    assert driver.health_streams == []
+    assert dra_kubelet.dra_instance(DRIVER).health_service is None
+    assert dra_kubelet.dra_instance(DRIVER).health_streams == 0
+
+
+async def test_an_advertised_health_service_not_served_is_retried(
     dra_kubelet: FakeKubelet, make_dra_driver: MakeDraDriver
 ) -> None:
     dra_kubelet.health_retry = 0.1
