@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from devplug._cdi_files import write_atomically
@@ -106,12 +106,21 @@ class Checkpoint:
             "version": VERSION,
             "driver": self.driver,
             "node": self.node,
-            "claims": {uid: asdict(claim) for uid, claim in sorted(self.claims.items())},
+            "claims": {uid: _fields(claim) for uid, claim in sorted(self.claims.items())},
         }
-        text = json.dumps({**body, "checksum": _checksum(body)}, indent=1, sort_keys=True)
+        # Compact JSON, encoded once: the checksum's canonical text with the checksum added as its
+        # last member. (Indented JSON goes through the json module's pure-Python encoder: some
+        # 12 ms for 50 claims of 8 devices, on every prepare and unprepare, against under 1 ms.)
+        canonical = _canonical(body)
+        text = f'{canonical[:-1]},"checksum":"{_digest(canonical)}"}}'
         self._seen = False  # until the new file is in place (a failed write leaves it unknown)
         write_atomically(self.path.parent, self.path.name, text, mode=0o600)
         self._seen = _identity(self.path)
+
+
+def _fields(claim: PreparedClaim) -> dict[str, Any]:
+    # Not dataclasses.asdict, which deep-copies every list and dict only to be encoded here.
+    return {f.name: getattr(claim, f.name) for f in fields(claim)}
 
 
 def _identity(path: Path) -> tuple[int, int, int, int] | None:
@@ -122,6 +131,13 @@ def _identity(path: Path) -> tuple[int, int, int, int] | None:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
+def _canonical(body: dict[str, Any]) -> str:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def _digest(canonical: str) -> str:
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def _checksum(body: dict[str, Any]) -> str:
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+    return _digest(_canonical(body))

@@ -108,9 +108,12 @@ class Preparer:
                 except ClaimError as exc:
                     outcomes[ref.uid] = Outcome(error=str(exc))
 
-            async with anyio.create_task_group() as tg:
-                for ref in unique:
-                    tg.start_soon(fetch, ref)
+            if len(unique) == 1:  # the usual request: no task group for one read
+                await fetch(unique[0])
+            else:
+                async with anyio.create_task_group() as tg:
+                    for ref in unique:
+                        tg.start_soon(fetch, ref)
             async with self._serialized():
                 for ref in unique:
                     if ref.uid in outcomes:

@@ -122,6 +122,24 @@ async def test_checkpoint_survives_a_restart_and_unprepare_needs_no_api(tmp_path
     assert w.checkpoint.claims == {}
 
 
+async def test_a_checkpoint_in_an_earlier_version_s_layout_loads(tmp_path: Path) -> None:
+    # Indented, the checksum a member among the others: as earlier versions wrote it, which the
+    # other pod of a rolling update may still do. The checksum covers the content, not the layout.
+    w = World(tmp_path)
+    await w.preparer.prepare([w.add(claim("u1", [("a", "w0"), ("b", "w1")]))])
+    path = tmp_path / FILE_NAME
+    written = json.loads(path.read_text())
+    assert list(written)[-1] == "checksum"
+    path.write_text(json.dumps(written, indent=1, sort_keys=True))
+    again = Checkpoint(path, DRIVER, NODE)
+    again.load()
+    assert again.error is None
+    assert again.claims == w.checkpoint.claims
+    result = await w.make().unprepare([ClaimRef("u1", "ns", "c-u1")])
+    assert result["u1"].error == ""
+    assert json.loads(path.read_text())["claims"] == {}
+
+
 async def test_per_claim_errors(tmp_path: Path) -> None:
     w = World(tmp_path)
     ok = w.add(claim("ok", [("a", "w0")]))
