@@ -125,46 +125,29 @@ class DevicePlugin(dp_grpc.DevicePluginServicer):
         )
 
 
-def _prepared(pb: Any, request: Any, devices: dict[str, tuple[str, str, str]]) -> Any:
-    """Each claim gets the device ``devices[claim name]`` = (request, pool, device), no CDI."""
-    answer = pb.NodePrepareResourcesResponse()
-    for claim in request.claims:
-        req, pool, dev = devices[claim.name]
-        answer.claims[claim.uid].devices.append(
-            pb.Device(request_names=[req], pool_name=pool, device_name=dev)
-        )
-    return answer
+class Dra:
+    """A DRAPlugin service of one wire ``version`` ("v1" or "v1beta1"): each claim gets the
+    device ``devices[claim name]`` = (request, pool, device), without CDI devices."""
 
-
-class DraV1(dra_v1_grpc.DRAPluginServicer):
-    def __init__(self, calls: Calls, devices: dict[str, tuple[str, str, str]]) -> None:
-        self.calls, self.devices = calls, devices
+    def __init__(self, calls: Calls, devices: dict[str, tuple[str, str, str]], version: str) -> None:
+        self.calls, self.devices, self.version = calls, devices, version
+        self.pb: Any = {"v1": dra_v1_pb, "v1beta1": dra_v1beta1_pb}[version]
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        self.calls.add("v1.NodePrepareResources", [c.name for c in request.claims])
-        return _prepared(dra_v1_pb, request, self.devices)
-
-    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        self.calls.add("v1.NodeUnprepareResources", [c.name for c in request.claims])
-        answer = dra_v1_pb.NodeUnprepareResourcesResponse()
+        self.calls.add(f"{self.version}.NodePrepareResources", [c.name for c in request.claims])
+        answer = self.pb.NodePrepareResourcesResponse()
         for claim in request.claims:
-            answer.claims[claim.uid].CopyFrom(dra_v1_pb.NodeUnprepareResourceResponse())
+            req, pool, dev = self.devices[claim.name]
+            answer.claims[claim.uid].devices.append(
+                self.pb.Device(request_names=[req], pool_name=pool, device_name=dev)
+            )
         return answer
 
-
-class DraV1beta1(dra_v1beta1_grpc.DRAPluginServicer):
-    def __init__(self, calls: Calls, devices: dict[str, tuple[str, str, str]]) -> None:
-        self.calls, self.devices = calls, devices
-
-    async def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        self.calls.add("v1beta1.NodePrepareResources", [c.name for c in request.claims])
-        return _prepared(dra_v1beta1_pb, request, self.devices)
-
     async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        self.calls.add("v1beta1.NodeUnprepareResources", [c.name for c in request.claims])
-        answer = dra_v1beta1_pb.NodeUnprepareResourcesResponse()
+        self.calls.add(f"{self.version}.NodeUnprepareResources", [c.name for c in request.claims])
+        answer = self.pb.NodeUnprepareResourcesResponse()
         for claim in request.claims:
-            answer.claims[claim.uid].CopyFrom(dra_v1beta1_pb.NodeUnprepareResourceResponse())
+            answer.claims[claim.uid].CopyFrom(self.pb.NodeUnprepareResourceResponse())
         return answer
 
 
@@ -191,8 +174,6 @@ class HealthV1alpha1(health_v1alpha1_grpc.DRAResourceHealthServicer):
 _ADD = {
     Registration: reg_grpc.add_RegistrationServicer_to_server,
     DevicePlugin: dp_grpc.add_DevicePluginServicer_to_server,
-    DraV1: dra_v1_grpc.add_DRAPluginServicer_to_server,
-    DraV1beta1: dra_v1beta1_grpc.add_DRAPluginServicer_to_server,
     HealthV1: health_v1_grpc.add_DRAResourceHealthServicer_to_server,
     HealthV1alpha1: health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server,
 }
@@ -204,7 +185,11 @@ async def serving(path: Path, *servicers: object) -> AsyncIterator[grpc.aio.Serv
     path.unlink(missing_ok=True)
     server = grpc.aio.server()
     for servicer in servicers:
-        _ADD[type(servicer)](servicer, server)  # type: ignore[operator]
+        if isinstance(servicer, Dra):
+            grpc_module = dra_v1_grpc if servicer.version == "v1" else dra_v1beta1_grpc
+            grpc_module.add_DRAPluginServicer_to_server(servicer, server)
+        else:
+            _ADD[type(servicer)](servicer, server)  # type: ignore[operator]
     server.add_insecure_port(f"unix://{path}")
     await server.start()
     try:

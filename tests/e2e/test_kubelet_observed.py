@@ -29,8 +29,7 @@ from tests.e2e.node_kit import Node, localnode
 from tests.e2e.raw_plugins import (
     Calls,
     DevicePlugin,
-    DraV1,
-    DraV1beta1,
+    Dra,
     HealthV1,
     HealthV1alpha1,
     Registration,
@@ -156,7 +155,7 @@ async def test_get_info_has_one_second_and_failures_are_retried_in_reconciler_ro
         calls = Calls()
         endpoint = k.plugins / "getinfo.sock"
         info = plugin_info("DRAPlugin", f"getinfo.{TAG}.example.com", str(endpoint), ["v1.DRAPlugin"])
-        async with serving(endpoint, DraV1(calls, {})):
+        async with serving(endpoint, Dra(calls, {}, "v1")):
             created = time.monotonic()
             registration = Registration(calls, info, delays=[1.3, 1.3, 1.3, 0.7])
             async with serving(k.registry / f"getinfo-{TAG}.sock", registration):
@@ -200,7 +199,7 @@ async def test_the_health_service_opened_and_the_refusals_in_the_kubelets_words(
         endpoint = k.plugins / f"{case}.sock"
         name = f"{case}.{TAG}.example.com" if kind == "DRAPlugin" else f"{TAG}.example.com/{case}"
         info = plugin_info(kind, name, str(endpoint), versions)
-        servicers = (DraV1(calls, {}), HealthV1(calls), HealthV1alpha1(calls))
+        servicers = (Dra(calls, {}, "v1"), HealthV1(calls), HealthV1alpha1(calls))
         async with serving(endpoint, *servicers):
             async with serving(k.registry / f"{case}-{TAG}.sock", Registration(calls, info)):
                 await calls.wait("Notify", within=30)
@@ -263,7 +262,7 @@ async def test_prepare_goes_to_the_first_service_of_the_plugins_list_that_the_ku
         info = plugin_info("DRAPlugin", driver, str(endpoint), ["v1beta1.DRAPlugin", "v1.DRAPlugin"])
         devices = {"order-claim": ("req", node.name, "dev-0")}
         async with (
-            serving(endpoint, DraV1(calls, devices), DraV1beta1(calls, devices)),
+            serving(endpoint, Dra(calls, devices, "v1"), Dra(calls, devices, "v1beta1")),
             serving(k.registry / f"order-{TAG}.sock", Registration(calls, info)),
         ):
             await calls.wait("Notify", within=30)
