@@ -814,8 +814,9 @@ def explain_dra(results: dict[str, Any], misses: list[str]) -> list[str]:
             "socket watcher does not watch, and the spec and the checkpoint are written in one "
             "worker-thread trip (the first version of this benchmark found the checkpoint beside the "
             "DRA socket, where each save's inotify events woke the event loop: 1-device prepare p50 "
-            "9.7 ms then). What is left to take: skip the claim's lightkube model (a raw GET decoded to "
-            "a dict, not `to_dict()` of a typed object). A durable checkpoint on disk stays: the floor "
+            "9.7 ms then). The claim is read with a plain GET decoded straight to a dict (no lightkube "
+            "model in between): what is left of the GET is httpx's own work and the wait for the "
+            "answer. A durable checkpoint on disk stays: the floor "
             "writes no file, so ≤ 1.2x cannot hold on a disk where one fsynced checkpoint alone costs "
             f"{bd['checkpoint_save_disk'] / bare['prepare_1']['p50'] * 100:.0f} % of the floor's prepare."
         )

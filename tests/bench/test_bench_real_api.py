@@ -90,7 +90,11 @@ def test_quick_run_has_devplug_and_the_go_helper_side_by_side() -> None:
     assert {"prepare_p50_1", "prepare_p99_8", "wipe_p99"} <= set(figures["targets"])
     missed = [key for key, target in figures["targets"].items() if not target["met"]]
     if any(key.startswith("prepare_") for key in missed):
-        assert figures["profiles"]["prepare"]["by_own_time"]
+        prof = figures["profiles"]["prepare"]
+        assert prof["by_own_time"]
+        assert prof["pieces_p50_ms"]["claim_get"] > 0 and prof["client_p50_ms"]["prepare_1"] > 0
+        notes = real_api.explain({"real_api": figures}, [f"real_api_{key}" for key in missed])
+        assert "Where devplug's time goes" in "\n".join(notes)
 
     misses: list[str] = []
     page = "\n".join(real_api.render({"real_api": figures}, misses))
