@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import threading
 from pathlib import Path
 
 __all__ = ["DEFAULT_CDI_DIR", "remove_spec", "spec_file_name", "write_atomically"]
@@ -28,26 +28,42 @@ def spec_file_name(kind: str) -> str:
     return f"{vendor}-{klass}.json"
 
 
-def write_atomically(directory: str | os.PathLike[str], name: str, text: str, mode: int = 0o644) -> Path:
-    """Write ``text`` as ``<directory>/<name>`` (``mode``), replacing any old file in one step.
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 
-    A reader sees the old file or the new one, never a part of either. The directory is created
-    if missing. Returns the file's path.
+
+def write_atomically(
+    directory: str | os.PathLike[str], name: str, data: str | bytes, mode: int = 0o644
+) -> Path:
+    """Write ``data`` as ``<directory>/<name>`` (``mode``), replacing any old file in one step.
+
+    A reader sees the old file or the new one, never a part of either, and the new one is on
+    disk (the file, then its directory entry) before this returns. The temporary file is
+    ``.<name>.<pid>.<thread>.tmp``: no two writers share one (a DRA driver's prepare writes a
+    spec and its checkpoint this way, so ``tempfile.mkstemp``'s search is saved), and a link
+    in its place is refused, not followed. The directory is created when it is missing.
+    Returns the file's path.
 
     Raises:
         OSError: the directory or the file could not be written (the old file, if any, stays).
     """
     folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
-    data = text.encode()
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    payload = data.encode() if isinstance(data, str) else data
+    tmp = folder / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)  # mkstemp creates 0600; runtimes may read as another user
-            os.fsync(f.fileno())
+        fd = os.open(tmp, _FLAGS, mode)
+    except FileNotFoundError:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, _FLAGS, mode)
+    try:
+        try:
+            os.fchmod(fd, mode)  # the umask narrows os.open's mode; runtimes may read as another user
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from devplug._dra.files import write_durably
+from devplug._cdi_files import write_atomically
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -114,7 +114,7 @@ class Checkpoint:
         canonical = _canonical(body)
         text = f'{canonical[:-1]},"checksum":"{_digest(canonical)}"}}'
         self._seen = False  # until the new file is in place (a failed write leaves it unknown)
-        write_durably(self.path.parent, self.path.name, text.encode(), 0o600)
+        write_atomically(self.path.parent, self.path.name, text.encode(), 0o600)
         self._seen = _identity(self.path)
 
 

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from devplug._cdi_files import write_atomically
 from devplug._dra.checkpoint import PreparedClaim
-from devplug._dra.files import write_durably
 from devplug._dra.names import cdi_device, cdi_kind, claim_spec_file
 from devplug.models import AllocatedDevice, CdiSpecFile, Claim, OpaqueConfig, PreparedDevice
 
@@ -297,7 +297,7 @@ class Preparer:
         assert record.spec_file is not None
         assert record.spec_text is not None
         try:
-            write_durably(self.cdi_dir, record.spec_file, record.spec_text.encode(), 0o644)
+            write_atomically(self.cdi_dir, record.spec_file, record.spec_text.encode(), 0o644)
         except OSError as exc:
             raise ClaimError(
                 f"cannot write the CDI spec {self.cdi_dir / record.spec_file}: {exc.strerror}"
