@@ -6,8 +6,8 @@
 #   docker build -t devplug:0.1.0 .
 #   docker run --rm devplug:0.1.0 --help
 #
-# Stage 1 builds devplug's wheel and collects the wheels of its dependencies (the nvidia and
-# metrics extras included); stage 2 installs those wheels on a clean base, offline, and keeps
+# Stage 1 builds devplug's wheel and collects the wheels of its dependencies (the dra, nvidia
+# and metrics extras included); stage 2 installs those wheels on a clean base, offline, and keeps
 # nothing of the build. Every dependency ships binary wheels for linux/amd64 and linux/arm64,
 # so neither stage needs a compiler.
 
@@ -19,7 +19,7 @@ COPY pyproject.toml README.md ./
 COPY devplug ./devplug
 COPY devplug_fake ./devplug_fake
 COPY devplug_nvidia ./devplug_nvidia
-RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[nvidia,metrics]"
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[dra,nvidia,metrics]"
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="devplug" \
@@ -35,7 +35,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # The wheels are bind-mounted from the build stage, so they never become a layer; setuptools and
 # wheel (build tools that the base image ships) go.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links /wheels "devplug[nvidia,metrics]" \
+    pip install --no-cache-dir --no-index --find-links /wheels "devplug[dra,nvidia,metrics]" \
     && pip uninstall --yes setuptools wheel \
     && groupadd --system --gid 65532 devplug \
     && useradd --system --uid 65532 --gid 65532 --no-create-home --shell /usr/sbin/nologin devplug

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from devplug._core.runner import Plugins, PluginSource, Reload, _as_list, serve
 from devplug._core.signals import install as install_signals
 from devplug._core.signals import run_async, until_signalled
+from devplug._extras import require_dra
 from devplug.errors import ConfigError
 from devplug.logging import configure as configure_logging
 from devplug.plugin import DevicePlugin
@@ -89,6 +90,8 @@ def _with_defaults(settings: S, *, api: str | None, driver_name: str | None) -> 
 
 def _dra_main(plugins: Plugins, settings: Settings) -> Callable[[], Awaitable[None]]:
     from devplug._dra.driver import DraDriver
+
+    require_dra()
 
     if isinstance(plugins, PluginSource):
         raise ConfigError("a PluginSource cannot be served as a DRA driver; pass the plugins themselves")

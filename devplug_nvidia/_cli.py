@@ -18,6 +18,7 @@ from devplug._core.signals import run_async
 from devplug._version import version
 from devplug.errors import ConfigError, DevplugError, config_error_in
 from devplug.logging import configure as configure_logging
+from devplug._extras import require_dra
 from devplug.metrics import require_prometheus
 from devplug_nvidia._allocate import imex_channels, present_nodes
 from devplug_nvidia._fake_root import FakeRoots, with_fake_root
@@ -86,6 +87,7 @@ def _run(args: list[str], roots: FakeRoots) -> int:
             require_prometheus()
         configure_logging(settings.log_format, settings.log_level)
         if settings.api == "dra":
+            require_dra()
             from devplug_nvidia.dra import run_dra
 
             return run_dra(settings, PROG, started=roots.log_trees)

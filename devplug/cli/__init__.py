@@ -16,7 +16,11 @@ import re
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
+from devplug._extras import MissingExtraError, require
+
 if TYPE_CHECKING:
+    import argparse
+
     from devplug.plugin import DevicePlugin
 
 __all__ = ["main"]
@@ -193,19 +197,37 @@ def main(argv: list[str] | None = None) -> int:
         if name != "run":  # run's options come from the runner's settings, --version included
             sub_parser.add_argument("--version", action="version", version=f"devplug {name} {version()}")
     known, rest = parser.parse_known_args(args)
+    try:
+        parsers = {"conformance": conformance_parser, "inspect": inspect_parser, "kubelet": kubelet_parser}
+        return _dispatch(known, rest, parser, parsers)
+    except MissingExtraError as exc:  # a part whose extra is not installed: one line, status 2
+        print(f"devplug {known.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(
+    known: argparse.Namespace,
+    rest: list[str],
+    parser: argparse.ArgumentParser,
+    parsers: dict[str, argparse.ArgumentParser],
+) -> int:
+    from devplug.cli import _conformance, _inspect, _kubelet
+
     if known.command == "conformance":
         # Everything after the options is the plugin's command line, its own flags included.
-        return _conformance.main(known, conformance_parser)
+        return _conformance.main(known, parsers["conformance"])
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if known.command == "demo":
         from devplug.cli import _demo
 
+        if known.dra:
+            require("testing", "demo --dra")  # its API server is the testing kit's
         return _demo.main(dra=known.dra)
     if known.command == "inspect":
-        return _inspect.main(known, inspect_parser)
+        return _inspect.main(known, parsers["inspect"])
     if known.command == "kubelet":
-        return _kubelet.main(known, kubelet_parser)
+        return _kubelet.main(known, parsers["kubelet"])
     parser.error(f"unknown command {known.command}")
     return 2  # pragma: no cover - parser.error exits
 

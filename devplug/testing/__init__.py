@@ -16,22 +16,33 @@ Apart from :func:`serving`, this package talks to plugins only over gRPC: it doe
 devplug's runtime, so it tests plugins written with anything.
 """
 
-from devplug.testing._dra_resource import ClaimDevice, ClaimResult, DraInstance, DraRegistration, HealthReport
-from devplug.testing._kubeapi import FakeKubeAPI
-from devplug.testing._kubeapi_faults import Fault, RecordedRequest
-from devplug.testing._kubeapi_scheduler import AllocationError
-from devplug.testing._kubelet import FakeKubelet
-from devplug.testing._resource import Registration, ResourceView
-from devplug.testing._serving import serving, serving_dra
-from devplug.testing.conformance import (
-    CHECKS,
-    DRA_CHECKS,
-    CheckResult,
-    CheckStatus,
-    ConformanceReport,
-    run_conformance,
-    run_dra_conformance,
-)
+import typing
+
+from devplug._lazy import lazy_names as _lazy_names
+
+if typing.TYPE_CHECKING:
+    from devplug.testing._dra_resource import (
+        ClaimDevice,
+        ClaimResult,
+        DraInstance,
+        DraRegistration,
+        HealthReport,
+    )
+    from devplug.testing._kubeapi import FakeKubeAPI
+    from devplug.testing._kubeapi_faults import Fault, RecordedRequest
+    from devplug.testing._kubeapi_scheduler import AllocationError
+    from devplug.testing._kubelet import FakeKubelet
+    from devplug.testing._resource import Registration, ResourceView
+    from devplug.testing._serving import serving, serving_dra
+    from devplug.testing.conformance import (
+        CHECKS,
+        DRA_CHECKS,
+        CheckResult,
+        CheckStatus,
+        ConformanceReport,
+        run_conformance,
+        run_dra_conformance,
+    )
 
 __all__ = [
     "CHECKS",
@@ -56,3 +67,39 @@ __all__ = [
     "serving",
     "serving_dra",
 ]
+
+_HOMES = {
+    **dict.fromkeys(
+        ("ClaimDevice", "ClaimResult", "DraInstance", "DraRegistration", "HealthReport"),
+        "devplug.testing._dra_resource",
+    ),
+    "FakeKubeAPI": "devplug.testing._kubeapi",
+    "Fault": "devplug.testing._kubeapi_faults",
+    "RecordedRequest": "devplug.testing._kubeapi_faults",
+    "AllocationError": "devplug.testing._kubeapi_scheduler",
+    "FakeKubelet": "devplug.testing._kubelet",
+    "Registration": "devplug.testing._resource",
+    "ResourceView": "devplug.testing._resource",
+    "serving": "devplug.testing._serving",
+    "serving_dra": "devplug.testing._serving",
+    **dict.fromkeys(
+        (
+            "CHECKS",
+            "DRA_CHECKS",
+            "CheckResult",
+            "CheckStatus",
+            "ConformanceReport",
+            "run_conformance",
+            "run_dra_conformance",
+        ),
+        "devplug.testing.conformance",
+    ),
+}
+# The fake API server and what is built on it need the testing extra (h11, lightkube's models).
+_EXTRAS = dict.fromkeys(
+    ("FakeKubeAPI", "Fault", "RecordedRequest", "AllocationError"),
+    "testing",
+)
+
+if not typing.TYPE_CHECKING:  # type checkers read the imports above
+    __getattr__, __dir__ = _lazy_names(__name__, _HOMES, __all__, _EXTRAS)

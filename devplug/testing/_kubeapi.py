@@ -190,8 +190,14 @@ class FakeKubeAPI(KubeAPIHelpers):
         """A lightkube AsyncClient for this server (keyword arguments go to ``AsyncClient``).
 
         Built from :meth:`kubeconfig`: lightkube refuses ``KubeConfig.from_server(url)`` alone
-        ("Missing user") when it makes the HTTP client.
+        ("Missing user") when it makes the HTTP client. Needs the ``dra`` extra (lightkube).
+
+        Raises:
+            MissingExtraError: lightkube is not installed.
         """
+        from devplug._extras import require
+
+        require("dra", "FakeKubeAPI.client")
         import lightkube
 
         kwargs.setdefault("trust_env", False)  # no proxies from the environment for 127.0.0.1

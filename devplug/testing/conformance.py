@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict
 
 from devplug.testing._conformance import Session
-from devplug.testing._dra_conformance import DraSession
 from devplug.testing._dra_judges import DRA_CHECKS
 from devplug.testing._judges import CHECKS, CheckStatus
 
@@ -207,6 +206,11 @@ async def run_dra_conformance(
             "DEVPLUG_KUBELET_ROOT": values["{kubelet_root}"],
             "DEVPLUG_CDI_DIR": values["{cdi_dir}"],
         }
+        from devplug._extras import require
+
+        require("testing", "run_dra_conformance")  # its API server is the testing kit's
+        from devplug.testing._dra_conformance import DraSession
+
         session = DraSession(argv, environ, paths, driver=driver, node=node_name, timeout=timeout)
         results = await session.run()
         return ConformanceReport(
