@@ -15,10 +15,10 @@ import structlog
 import devplug
 from devplug._core.signals import install as install_signals
 from devplug._core.signals import run_async
+from devplug._extras import require_dra
 from devplug._version import version
 from devplug.errors import ConfigError, DevplugError, config_error_in
 from devplug.logging import configure as configure_logging
-from devplug._extras import require_dra
 from devplug.metrics import require_prometheus
 from devplug_nvidia._allocate import imex_channels, present_nodes
 from devplug_nvidia._fake_root import FakeRoots, with_fake_root

@@ -16,8 +16,6 @@ import re
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
-from devplug._extras import MissingExtraError, require
-
 if TYPE_CHECKING:
     import argparse
 
@@ -197,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         if name != "run":  # run's options come from the runner's settings, --version included
             sub_parser.add_argument("--version", action="version", version=f"devplug {name} {version()}")
     known, rest = parser.parse_known_args(args)
+    from devplug._extras import MissingExtraError
+
     try:
         parsers = {"conformance": conformance_parser, "inspect": inspect_parser, "kubelet": kubelet_parser}
         return _dispatch(known, rest, parser, parsers)
@@ -222,6 +222,8 @@ def _dispatch(
         from devplug.cli import _demo
 
         if known.dra:
+            from devplug._extras import require
+
             require("testing", "demo --dra")  # its API server is the testing kit's
         return _demo.main(dra=known.dra)
     if known.command == "inspect":
