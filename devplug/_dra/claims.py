@@ -161,6 +161,7 @@ class Preparer:
         full = Claim(uid=ref.uid, namespace=ref.namespace, name=ref.name, resource_claim=claim)
         edits: dict[str, ContainerAllocation] = {}
         own_spec: CdiSpecFile | None = None  # a spec file a prepare_claim hook handed over
+        done_by: list[DevicePlugin] = []  # the plugins whose part of the claim is done
         try:
             for key, group in by_plugin.items():
                 plugin = plugins[key]
@@ -169,8 +170,13 @@ class Preparer:
                     prepared = await plugin.prepare_claim(
                         full, group, [c for c in configs if _covers(c, group)]
                     )
+                    # From here the hook's work (MPS daemons, time slices, ...) stands, and only
+                    # its unprepare_claim undoes it; a hook that raises undoes its own.
+                    done_by.append(plugin)
                 if prepared is None:
                     prepared = await self._default(plugin, ref, group, edits)
+                    if plugin not in done_by:
+                        done_by.append(plugin)
                 record.devices.extend(_answer(self.node, group, prepared))
                 record.resources.append(plugin.resource_name)
                 own_spec = _handed_spec(ref, own_spec, prepared)
@@ -180,9 +186,11 @@ class Preparer:
             await anyio.to_thread.run_sync(self._persist, ref, record)
         except BaseException:
             if ref.uid not in self.checkpoint.claims:
-                # Nothing recorded: undo what was done for this claim, as an unprepare would.
+                # Nothing recorded, so no unprepare will come for this claim: undo what was done
+                # for it, as an unprepare would, even when the call is being cancelled (the
+                # kubelet's deadline), or the node keeps what the hooks set up.
                 with anyio.CancelScope(shield=True):
-                    await self._undo(record)
+                    await self._undo(ref, record, done_by)
             raise
         self._log.info("claim_prepared", claim=str(ref), uid=ref.uid, devices=[d.name for d in devices])
         return record.devices
@@ -351,7 +359,25 @@ class Preparer:
             self.checkpoint.claims[ref.uid] = record
             raise ClaimError(f"claim {ref}: the checkpoint cannot be written: {exc.strerror}") from None
 
-    async def _undo(self, record: PreparedClaim) -> None:
+    async def _undo(self, ref: ClaimRef, record: PreparedClaim, plugins: Sequence[DevicePlugin]) -> None:
+        """Roll back a prepare that failed before it was recorded: ``unprepare_claim`` of each of
+        ``plugins`` (last first), then the spec file. A failing hook is logged, not raised: the
+        prepare's own error is the one the kubelet must see."""
+        claim = Claim(uid=ref.uid, namespace=ref.namespace, name=ref.name)
+        for plugin in reversed(plugins):
+            if not plugin.unprepares_claims():
+                continue
+            try:
+                await plugin.unprepare_claim(claim)
+            except Exception as exc:
+                self._log.exception(
+                    "rollback_failed",
+                    claim=str(ref),
+                    uid=ref.uid,
+                    resource=plugin.resource_name,
+                    error=str(exc),
+                    note="unprepare_claim failed while undoing a failed prepare; the node may keep its state",
+                )
         if record.spec_file:
             path = self.cdi_dir / record.spec_file
             with contextlib.suppress(FileNotFoundError):

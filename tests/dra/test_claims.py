@@ -9,73 +9,15 @@ from typing import Any
 
 import anyio
 import pytest
-import structlog
 
 from devplug import ContainerAllocation, Device, DeviceSpec, Mount
 from devplug._dra.checkpoint import FILE_NAME, Checkpoint
-from devplug._dra.claims import ClaimError, ClaimRef, Preparer
-from devplug._dra.inventory import Inventory
+from devplug._dra.claims import ClaimRef
 from devplug.dra import AllocatedDevice, Claim, OpaqueConfig, PreparedDevice
+from tests.dra.claims_kit import DRIVER, NODE, World, claim
 from tests.support import Widgets
 
 pytestmark = pytest.mark.anyio
-
-DRIVER = "widget.example.com"
-NODE = "node-1"
-
-
-def claim(
-    uid: str, devices: list[tuple[str, str]], *, config: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    return {
-        "metadata": {"uid": uid, "namespace": "ns", "name": f"c-{uid}"},
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": req, "driver": DRIVER, "pool": NODE, "device": dev}
-                        for req, dev in devices
-                    ],
-                    "config": config or [],
-                }
-            }
-        },
-    }
-
-
-class World:
-    def __init__(self, root: Path, plugin: Widgets | None = None, lock_file: Path | None = None) -> None:
-        self.lock_file = lock_file
-        self.plugin = plugin or Widgets()
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
-        self.inventory = Inventory([self.plugin])
-        self.inventory.update(0, self.plugin.devices)
-        self.cdi = root / "cdi"
-        self.checkpoint = Checkpoint(root / FILE_NAME, DRIVER, NODE)
-        self.preparer = self.make()
-
-    def make(self) -> Preparer:
-        return Preparer(
-            driver=DRIVER,
-            node=NODE,
-            inventory=self.inventory,
-            checkpoint=self.checkpoint,
-            cdi_dir=self.cdi,
-            fetch_claim=self.fetch,
-            log=structlog.get_logger("test"),
-            lock_file=self.lock_file,
-        )
-
-    async def fetch(self, namespace: str, name: str) -> dict[str, Any]:
-        try:
-            return self.claims[(namespace, name)]
-        except KeyError:
-            raise ClaimError(f"claim {namespace}/{name} not found") from None
-
-    def add(self, obj: dict[str, Any]) -> ClaimRef:
-        meta = obj["metadata"]
-        self.claims[(meta["namespace"], meta["name"])] = obj
-        return ClaimRef(meta["uid"], meta["namespace"], meta["name"])
 
 
 async def test_prepare_writes_one_spec_per_claim_and_is_idempotent(tmp_path: Path) -> None:
