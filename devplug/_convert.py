@@ -1,6 +1,6 @@
 """Conversions between devplug's models and the generated protobuf messages.
 
-Shared by the servicer and the testing kit; nothing else touches protobuf types.
+Used by the servicer and the registration client: device-plugin models to the wire.
 """
 
 from __future__ import annotations
@@ -8,23 +8,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
-from devplug.models import ContainerAllocation, Device, DeviceSpec, Health, Mount, PluginOptions
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
+
+    from devplug.models import ContainerAllocation, Device, PluginOptions
 
 
 def options_to_pb(options: PluginOptions) -> pb.DevicePluginOptions:
     return pb.DevicePluginOptions(
         pre_start_required=options.pre_start_required,
         get_preferred_allocation_available=options.get_preferred_allocation_available,
-    )
-
-
-def options_from_pb(message: pb.DevicePluginOptions) -> PluginOptions:
-    return PluginOptions(
-        pre_start_required=message.pre_start_required,
-        get_preferred_allocation_available=message.get_preferred_allocation_available,
     )
 
 
@@ -35,12 +29,6 @@ def device_to_pb(device: Device) -> pb.Device:
         pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in device.numa_nodes]) if device.numa_nodes else None
     )
     return pb.Device(ID=device.id, health=device.health.value, topology=topology)
-
-
-def device_from_pb(message: pb.Device) -> Device:
-    """The kubelet's reading: anything but exactly "Healthy" is unhealthy."""
-    health = Health.HEALTHY if message.health == Health.HEALTHY.value else Health.UNHEALTHY
-    return Device(id=message.ID, health=health, numa_nodes=tuple(n.ID for n in message.topology.nodes))
 
 
 def list_response(devices: Iterable[Device]) -> pb.ListAndWatchResponse:
@@ -68,19 +56,3 @@ def allocation_to_pb(allocation: ContainerAllocation) -> pb.ContainerAllocateRes
     if allocation.cdi_devices:
         fields["cdi_devices"] = [pb.CDIDevice(name=name) for name in allocation.cdi_devices]
     return pb.ContainerAllocateResponse(**fields)
-
-
-def allocation_from_pb(message: pb.ContainerAllocateResponse) -> ContainerAllocation:
-    return ContainerAllocation(
-        envs=dict(message.envs),
-        mounts=tuple(
-            Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
-            for m in message.mounts
-        ),
-        devices=tuple(
-            DeviceSpec(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions)
-            for d in message.devices
-        ),
-        annotations=dict(message.annotations),
-        cdi_devices=tuple(c.name for c in message.cdi_devices),
-    )

@@ -15,10 +15,11 @@ from devplug._core.runner import Plugins, PluginSource, Reload, _as_list, serve
 from devplug._core.signals import install as install_signals
 from devplug._core.signals import run_async, until_signalled
 from devplug._extras import require_dra
+from devplug._names import is_dns_subdomain
 from devplug.errors import ConfigError
 from devplug.logging import configure as configure_logging
 from devplug.plugin import DevicePlugin
-from devplug.settings import Settings, is_dns_subdomain, load_settings
+from devplug.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable

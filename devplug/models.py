@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from devplug._names import LABEL_MAX, QUALIFIED_NAME, is_dns_label, is_dns_subdomain, is_qualified_name
+
 __all__ = [
     "AllocatedDevice",
     "AttributeValue",
@@ -44,17 +46,11 @@ __all__ = [
 # a name is a C identifier of at most 32 characters, optionally behind a DNS-subdomain domain
 # of at most 63 and a slash; a string or version value has at most 64 characters.
 MAX_ATTRIBUTES = 32
-_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
-_DOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 # Semantic Versioning 2.0.0, as the API server checks a version attribute.
 _NUM = r"(0|[1-9][0-9]*)"
 _PRE = r"(0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
 _SEMVER = re.compile(rf"{_NUM}\.{_NUM}\.{_NUM}(-{_PRE}(\.{_PRE})*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?")
-# A label name (a taint key): an optional DNS-subdomain prefix of at most 253 and '/', then a name
-# of at most 63; a label value (a taint value): at most 63, the same characters as the name.
-_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]")
-_SUBDOMAIN_MAX = 253
 # Taints per device: 16 from Kubernetes 1.35 (1.34 accepted 4).
 MAX_TAINTS = 16
 # Counters (Kubernetes 1.35): a set or a consumption has 1 to 32 counters named by DNS labels; a
@@ -110,9 +106,7 @@ AttributeValue = bool | int | str | Version
 def check_attribute_name(name: str) -> str:
     """Return ``name`` if it is a valid DRA attribute or capacity name, else raise ValueError."""
     domain, slash, ident = name.rpartition("/")
-    valid = _IDENT.fullmatch(ident) is not None and (
-        not slash or (len(domain) <= 63 and _DOMAIN.fullmatch(domain) is not None)
-    )
+    valid = _IDENT.fullmatch(ident) is not None and (not slash or is_dns_subdomain(domain, 63))
     if not valid:
         raise ValueError(
             f"invalid attribute name {name!r}: a C identifier of at most 32 characters, "
@@ -146,11 +140,8 @@ class DeviceTaint(_Frozen):
     @field_validator("key")
     @classmethod
     def _label_name(cls, key: str) -> str:
-        prefix, slash, name = key.rpartition("/")
-        valid = _LABEL_NAME.fullmatch(name) is not None and (
-            not slash or (0 < len(prefix) <= _SUBDOMAIN_MAX and _DOMAIN.fullmatch(prefix) is not None)
-        )
-        if not valid:
+        # A label name: an optional DNS-subdomain prefix and '/', then a name of at most 63.
+        if not is_qualified_name(key):
             raise ValueError(
                 f"invalid taint key {key!r}: a name of at most 63 characters (letters, digits, '-', '_', "
                 "'.', starting and ending with a letter or digit), optionally behind a DNS subdomain and '/'"
@@ -160,7 +151,8 @@ class DeviceTaint(_Frozen):
     @field_validator("value")
     @classmethod
     def _label_value(cls, value: str) -> str:
-        if value and not _LABEL_NAME.fullmatch(value):
+        # A label value: at most 63, the characters of a label name.
+        if value and not (len(value) <= LABEL_MAX and QUALIFIED_NAME.fullmatch(value)):
             raise ValueError(
                 f"invalid taint value {value!r}: at most 63 characters (letters, digits, '-', '_', '.', "
                 "starting and ending with a letter or digit)"
@@ -183,7 +175,7 @@ def _counters(counters: Any) -> Any:
         raise ValueError(f"1 to {MAX_COUNTERS} counters, got {len(counters)}")
     out = {}
     for name, value in counters.items():
-        if not isinstance(name, str) or not _LABEL.fullmatch(name):
+        if not isinstance(name, str) or not is_dns_label(name):
             raise ValueError(f"counter name {name!r} is not a DNS label (lowercase letters, digits and '-')")
         text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
         if not isinstance(text, str) or not _QUANTITY.fullmatch(text):
@@ -193,7 +185,7 @@ def _counters(counters: Any) -> Any:
 
 
 def _counter_set_name(name: str) -> str:
-    if not _LABEL.fullmatch(name):
+    if not is_dns_label(name):
         raise ValueError(f"counter set name {name!r} is not a DNS label")
     return name
 
@@ -285,7 +277,7 @@ class Device(_Frozen):
     @field_validator("name")
     @classmethod
     def _dns_label(cls, name: str | None) -> str | None:
-        if name is not None and not _LABEL.fullmatch(name):
+        if name is not None and not is_dns_label(name):
             raise ValueError(f"{name!r} is not a DNS label (lowercase letters, digits and '-', at most 63)")
         return name
 

@@ -23,6 +23,7 @@ from typing import Any, Literal, NoReturn, TypeVar
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
+from devplug._names import is_dns_subdomain
 from devplug._version import version
 from devplug.errors import ConfigError
 from devplug.health import HealthSettings
@@ -164,15 +165,6 @@ class Settings(BaseSettings):
     @property
     def kubelet_socket_path(self) -> Path:
         return self.kubelet_socket or self.device_plugin_dir / "kubelet.sock"
-
-
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
-
-
-def is_dns_subdomain(value: str, limit: int = 253) -> bool:
-    """Whether ``value`` is an RFC 1123 DNS subdomain of at most ``limit`` characters."""
-    return 0 < len(value) <= limit and _DNS_SUBDOMAIN.fullmatch(value) is not None
 
 
 class _OneLineParser(argparse.ArgumentParser):

@@ -22,7 +22,7 @@ from devplug._core.signals import until_signalled
 from devplug._core.sockets import MAX_SOCKET_PATH, directory_exposure, unique_socket_name
 from devplug._core.telemetry import ResourceCounters
 from devplug._core.watch import DirWatcher
-from devplug._resource_names import resource_name_problem
+from devplug._names import resource_name_problem
 from devplug._version import version
 from devplug.errors import ConfigError, config_error_in
 from devplug.logging import configure as configure_logging

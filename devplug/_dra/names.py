@@ -5,16 +5,12 @@ from __future__ import annotations
 import hashlib
 import re
 
-_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+from devplug._names import is_dns_label
+
 _NOT_LABEL = re.compile(r"[^a-z0-9]+")
 
 CDI_CLASS = "claim"
 """The CDI class of the per-claim specs (kind ``k8s.<driver>/claim``)."""
-
-
-def is_dns_label(name: str) -> bool:
-    """Whether ``name`` is an RFC 1123 label (lowercase, at most 63 characters)."""
-    return _LABEL.fullmatch(name) is not None
 
 
 def device_name(device_id: str, prefix: str = "") -> str:

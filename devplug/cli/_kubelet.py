@@ -89,7 +89,7 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
                 f"{' and '.join(given)} cannot go with --dra: it serves ROOT/device-plugins and "
                 "ROOT/plugins_registry"
             )
-        from devplug.settings import is_dns_subdomain
+        from devplug._names import is_dns_subdomain
 
         if not is_dns_subdomain(args.node_name):
             parser.error(f"--node-name {args.node_name!r}: a node name is a lowercase DNS subdomain")

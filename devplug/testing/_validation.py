@@ -9,7 +9,7 @@ from __future__ import annotations
 import posixpath
 from typing import TYPE_CHECKING
 
-from devplug._resource_names import is_extended_resource_name
+from devplug._names import is_extended_resource_name
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from devplug import Device, Health
 from devplug._dra.inventory import Inventory
-from devplug._dra.names import default_driver_name, device_name, is_dns_label
+from devplug._dra.names import default_driver_name, device_name
 from devplug._dra.slices import Pool, chunks, comparable, device_entry, index_of, plan
+from devplug._names import is_dns_label
 from devplug.models import Version
 from tests.support import Widgets
 

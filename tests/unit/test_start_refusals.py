@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from devplug import ConfigError, Runner, Settings
-from devplug._resource_names import is_extended_resource_name, resource_name_problem
+from devplug._names import is_extended_resource_name, resource_name_problem
 from devplug.settings import load_settings
 from devplug_fake import FakeSettings
 from devplug_nvidia._config_file import read_config_file
