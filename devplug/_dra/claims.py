@@ -3,9 +3,11 @@
 Prepare: read every claim from the API server (outside the lock), check its UID and that it is
 allocated, keep this driver's results and configs, then under the driver's lock: answer again
 what the checkpoint holds (writing a CDI spec that has gone missing), or prepare afresh
-(the plugin's ``prepare_claim``, else ``allocate`` once per request written as one CDI spec for
-the claim; a hook may hand over its own spec file, written and kept the same way), checkpoint,
-answer. Unprepare: under the lock, from the checkpoint alone.
+(the plugin's ``prepare_claim``, else ``allocate`` once per request, its host paths checked as
+the device-plugin Allocate checks them, written as one CDI spec for the claim; a hook may hand
+over its own spec file, written and kept the same way), checkpoint, answer. A prepare that fails
+before its claim is recorded is undone (``unprepare_claim`` of the plugins whose part was done,
+the spec file). Unprepare: under the lock, from the checkpoint alone.
 
 Every claim asked for gets an entry, an error of one claim never fails the others, and the
 process never crashes on a request. A prepare that was already running when its claim was
@@ -27,6 +29,7 @@ import anyio
 from devplug._cdi_files import write_atomically
 from devplug._dra.checkpoint import PreparedClaim
 from devplug._dra.names import cdi_device, cdi_kind, claim_spec_file
+from devplug.checks import HostPathError, check_host_paths
 from devplug.models import AllocatedDevice, CdiSpecFile, Claim, OpaqueConfig, PreparedDevice
 
 if TYPE_CHECKING:
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     from devplug._dra.checkpoint import Checkpoint
     from devplug._dra.inventory import Inventory
     from devplug.cdi import CdiSpec
+    from devplug.checks import CheckMode
     from devplug.models import ContainerAllocation
     from devplug.plugin import DevicePlugin
 
@@ -78,6 +82,8 @@ class Preparer:
         fetch_claim: Callable[[str, str], Awaitable[dict[str, Any]]],
         log: Any,
         lock_file: Path | None = None,
+        host_path_check: CheckMode = "warn",
+        host_root: Path | str = "/",
     ) -> None:
         self.driver = driver
         self.node = node
@@ -88,6 +94,8 @@ class Preparer:
         self._log = log
         self._lock = anyio.Lock()
         self._lock_file = lock_file
+        self._host_path_check: CheckMode = host_path_check
+        self._host_root = host_root
         self._sequence = itertools.count(1)
         self._running: set[int] = set()  # start numbers of the prepares in progress
         self._unprepared: dict[str, int] = {}  # claim UID -> number of its last unprepare
@@ -268,6 +276,8 @@ class Preparer:
         ):
             members = list(group)
             allocation = await plugin.allocate([d.device for d in members])
+            if allocation.devices or allocation.mounts:
+                self._check_host_paths(ref, [d.device.id for d in members], allocation)
             name = cdi_device(ref.uid, request)
             edits[name] = allocation
             ids = (f"{kind}={name}", *allocation.cdi_devices)
@@ -278,6 +288,20 @@ class Preparer:
                     )
                 )
         return answer
+
+    def _check_host_paths(self, ref: ClaimRef, ids: list[str], allocation: ContainerAllocation) -> None:
+        """The device-plugin Allocate's check (``host_path_check``, ``host_root``): a host path
+        that is missing passes the kubelet and fails in the container runtime, far from its cause.
+
+        Raises:
+            ClaimError: ``refuse``, and a device node or mount of ``allocation`` will not work.
+        """
+        log = self._log.bind(claim=str(ref), uid=ref.uid)
+        try:
+            check_host_paths(allocation, mode=self._host_path_check, root=self._host_root, log=log)
+        except HostPathError as exc:
+            log.error("allocate_refused", devices=ids, error=str(exc))
+            raise ClaimError(f"claim {ref}: allocate for {ids}: {exc}") from None
 
     def _persist(self, ref: ClaimRef, record: PreparedClaim) -> None:
         """Write ``record``'s spec, then checkpoint it (in a worker thread).

@@ -225,6 +225,8 @@ class DraDriver:
             fetch_claim=_claim_reader(kube, self.publisher.errors),
             log=self._log,
             lock_file=self.state_dir / "serialize.lock" if self.settings.pod_uid else None,
+            host_path_check=self.settings.host_path_check,
+            host_root=self.settings.host_root,
         )
         self._probe_server = await self._probes()
 
