@@ -60,7 +60,7 @@ from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from devplug.testing import FakeKubeAPI
 
 if TYPE_CHECKING:
-    from devplug.testing._kubeapi_http import Request, Response, StreamResponse
+    from devplug.testing._kubeapi.httpserver import Request, Response, StreamResponse
 
 DRIVER = "fake.example.com"
 NODE = "node-1"

@@ -217,7 +217,7 @@ async def _plugin_round(records: list[GpuRecord], links: LinkMatrix) -> dict[str
 def _slice_problems(obj: dict[str, Any]) -> list[str]:
     """What the API server would refuse in a ResourceSlice: its validation (FakeKubeAPI's port of
     ValidateResourceSlice), the schema where kubernetes-validate is installed, and the limits."""
-    from devplug.testing._kubeapi_validation import validate_slice
+    from devplug.testing._kubeapi.validation import validate_slice
 
     problems = [str(e) for e in validate_slice(obj)]
     try:

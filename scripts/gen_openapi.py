@@ -7,7 +7,7 @@ The API server's ``/openapi/v3/api/v1`` and ``/openapi/v3/apis/resource.k8s.io/v
 to what FakeKubeAPI serves (see :func:`trim`): the paths of its kinds (from ``KINDS``), the
 schemas those paths reach, no ``description`` anywhere, and only the media types the fake speaks.
 The result is written, gzipped and byte-for-byte reproducible, to
-``devplug/testing/_kubeapi_openapi.json.gz`` (package data). tests/testing/test_kubeapi_kubectl.py
+``devplug/testing/_kubeapi/openapi.json.gz`` (package data). tests/testing/test_kubeapi_kubectl.py
 checks the committed file against a real API server with the same function, so it cannot drift.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-TARGET = ROOT / "devplug" / "testing" / "_kubeapi_openapi.json.gz"
+TARGET = ROOT / "devplug" / "testing" / "_kubeapi" / "openapi.json.gz"
 
 # Media types FakeKubeAPI answers in, and the patch types it accepts.
 _RESPONSE_TYPES = {"application/json", "application/json;stream=watch"}
@@ -42,7 +42,7 @@ _METHODS = {"get", "put", "post", "patch", "delete"}
 
 def served_paths() -> dict[str, set[str]]:
     """The OpenAPI paths FakeKubeAPI serves, by group-version document (``api/v1``, ``apis/<g>/v1``)."""
-    from devplug.testing._kubeapi_resources import KINDS
+    from devplug.testing._kubeapi.resources import KINDS
 
     paths: dict[str, set[str]] = {}
     for kind in KINDS.values():

@@ -24,11 +24,11 @@ from devplug.cli._inspect_dra_client import DraConnection, DraTarget
 if TYPE_CHECKING:
     import argparse
 
-    from devplug.testing._dra_resource import ClaimRef, ClaimResult, HealthReport
+    from devplug.testing._kubelet.dra_resource import ClaimRef, ClaimResult, HealthReport
 
 
 def _service(target: DraTarget) -> str:
-    from devplug.testing._dra_validation import choose_service
+    from devplug.testing._kubelet.dra_validation import choose_service
 
     service, problem = choose_service(target.services)
     if service is None:
@@ -101,7 +101,7 @@ def results_json(results: dict[str, ClaimResult]) -> dict[str, Any]:
 
 async def run(target: DraTarget, args: argparse.Namespace, out: TextIO) -> int:
     """Inspect ``target`` as ``args`` ask; the exit status."""
-    from devplug.testing._dra_validation import check_prepare, check_unprepare
+    from devplug.testing._kubelet.dra_validation import check_prepare, check_unprepare
 
     service = _service(target)
     lines, doc = header(target, service)
@@ -166,7 +166,7 @@ async def _watch(
     as_json: bool,
     out: TextIO,
 ) -> int:
-    from devplug.testing._dra_validation import HEALTH_V1ALPHA1, health_service
+    from devplug.testing._kubelet.dra_validation import HEALTH_V1ALPHA1, health_service
 
     # A bare endpoint advertises nothing: its v1alpha1 health service, the one every release of
     # the kubelet since 1.34 opens. A registration socket's GetInfo says which the kubelet opens.

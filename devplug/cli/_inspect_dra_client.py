@@ -3,7 +3,7 @@
 :func:`detect` tells a DRA socket from a device plugin's: a registration socket answers GetInfo
 with type ``DRAPlugin``; a DRA endpoint answers an empty NodePrepareResources (which every
 driver must answer with an empty map). The calls themselves go through the testing kit's DRA
-client (:mod:`devplug.testing._dra_rpc`), imported only when a DRA socket was found.
+client (:mod:`devplug.testing._kubelet.dra_rpc`), imported only when a DRA socket was found.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from devplug.cli._inspect_client import InspectError, check_socket
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
-    from devplug.testing._dra_resource import ClaimRef, ClaimResult, HealthReport
+    from devplug.testing._kubelet.dra_resource import ClaimRef, ClaimResult, HealthReport
 
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 4 * 1024 * 1024), ("grpc.enable_http_proxy", 0)]
 _PROBES = (
@@ -113,7 +113,7 @@ class DraConnection:
         Raises:
             InspectError: the call failed.
         """
-        from devplug.testing import _dra_rpc
+        from devplug.testing._kubelet import dra_rpc as _dra_rpc
 
         try:
             return await _dra_rpc.prepare(self._channel, service, claims, deadline=self.timeout)
@@ -126,7 +126,7 @@ class DraConnection:
         Raises:
             InspectError: the call failed.
         """
-        from devplug.testing import _dra_rpc
+        from devplug.testing._kubelet import dra_rpc as _dra_rpc
 
         try:
             return await _dra_rpc.unprepare(self._channel, service, claims, deadline=self.timeout)
@@ -139,7 +139,7 @@ class DraConnection:
         Raises:
             InspectError: the stream failed, or the driver ended it.
         """
-        from devplug.testing import _dra_rpc
+        from devplug.testing._kubelet import dra_rpc as _dra_rpc
 
         try:
             async for reports in _dra_rpc.watch_health(self._channel, service):

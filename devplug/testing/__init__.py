@@ -21,18 +21,18 @@ import typing
 from devplug._lazy import lazy_names as _lazy_names
 
 if typing.TYPE_CHECKING:
-    from devplug.testing._dra_resource import (
+    from devplug.testing._kubeapi.faults import Fault, RecordedRequest
+    from devplug.testing._kubeapi.scheduler import AllocationError
+    from devplug.testing._kubeapi.server import FakeKubeAPI
+    from devplug.testing._kubelet.dra_resource import (
         ClaimDevice,
         ClaimResult,
         DraInstance,
         DraRegistration,
         HealthReport,
     )
-    from devplug.testing._kubeapi import FakeKubeAPI
-    from devplug.testing._kubeapi_faults import Fault, RecordedRequest
-    from devplug.testing._kubeapi_scheduler import AllocationError
-    from devplug.testing._kubelet import FakeKubelet
-    from devplug.testing._resource import Registration, ResourceView
+    from devplug.testing._kubelet.kubelet import FakeKubelet
+    from devplug.testing._kubelet.resource import Registration, ResourceView
     from devplug.testing._serving import serving, serving_dra
     from devplug.testing.conformance import (
         CHECKS,
@@ -71,15 +71,15 @@ __all__ = [
 _HOMES = {
     **dict.fromkeys(
         ("ClaimDevice", "ClaimResult", "DraInstance", "DraRegistration", "HealthReport"),
-        "devplug.testing._dra_resource",
+        "devplug.testing._kubelet.dra_resource",
     ),
-    "FakeKubeAPI": "devplug.testing._kubeapi",
-    "Fault": "devplug.testing._kubeapi_faults",
-    "RecordedRequest": "devplug.testing._kubeapi_faults",
-    "AllocationError": "devplug.testing._kubeapi_scheduler",
-    "FakeKubelet": "devplug.testing._kubelet",
-    "Registration": "devplug.testing._resource",
-    "ResourceView": "devplug.testing._resource",
+    "FakeKubeAPI": "devplug.testing._kubeapi.server",
+    "Fault": "devplug.testing._kubeapi.faults",
+    "RecordedRequest": "devplug.testing._kubeapi.faults",
+    "AllocationError": "devplug.testing._kubeapi.scheduler",
+    "FakeKubelet": "devplug.testing._kubelet.kubelet",
+    "Registration": "devplug.testing._kubelet.resource",
+    "ResourceView": "devplug.testing._kubelet.resource",
     "serving": "devplug.testing._serving",
     "serving_dra": "devplug.testing._serving",
     **dict.fromkeys(

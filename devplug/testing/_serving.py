@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 
     from devplug import DevicePlugin, Plugins, Runner, Settings
     from devplug.dra import DraDriver
-    from devplug.testing._kubeapi import FakeKubeAPI
-    from devplug.testing._kubelet import FakeKubelet
+    from devplug.testing._kubeapi.server import FakeKubeAPI
+    from devplug.testing._kubelet.kubelet import FakeKubelet
 
 
 @asynccontextmanager

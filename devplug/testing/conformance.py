@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from devplug.testing._conformance import Session
-from devplug.testing._dra_judges import DRA_CHECKS
-from devplug.testing._judges import CHECKS, CheckStatus
+from devplug.testing._conformance.dra_judges import DRA_CHECKS
+from devplug.testing._conformance.judges import CHECKS, CheckStatus
+from devplug.testing._conformance.session import Session
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -209,7 +209,7 @@ async def run_dra_conformance(
         from devplug._extras import require
 
         require("testing", "run_dra_conformance")  # its API server is the testing kit's
-        from devplug.testing._dra_conformance import DraSession
+        from devplug.testing._conformance.dra_session import DraSession
 
         session = DraSession(argv, environ, paths, driver=driver, node=node_name, timeout=timeout)
         results = await session.run()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from devplug.testing import FakeKubeAPI, serving_dra
-from devplug.testing._kubeapi_validation import validate_slice
+from devplug.testing._kubeapi.validation import validate_slice
 from devplug_nvidia._dra_devices import (
     binary_quantity,
     cuda_version,

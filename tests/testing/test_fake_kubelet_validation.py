@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from devplug.testing._validation import (
+from devplug.testing._kubelet.validation import (
     check_unix_path,
     go_quote,
     go_rpc_error,

@@ -9,8 +9,9 @@ import lightkube
 import pytest
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimStatus, ResourceSlice
 
-from devplug.testing import AllocationError, FakeKubeAPI, _kubeapi_scheduler
-from devplug.testing._kubeapi_scheduler import quantity
+from devplug.testing import AllocationError, FakeKubeAPI
+from devplug.testing._kubeapi import scheduler as _kubeapi_scheduler
+from devplug.testing._kubeapi.scheduler import quantity
 from tests.testing.test_kubeapi_kit import DRIVER, NODE, device, slice_body
 
 pytestmark = pytest.mark.anyio

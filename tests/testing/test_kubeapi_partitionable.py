@@ -11,7 +11,7 @@ import httpx2
 import pytest
 
 from devplug.testing import FakeKubeAPI
-from devplug.testing._kubeapi_strategy import drop_disabled_fields
+from devplug.testing._kubeapi.strategy import drop_disabled_fields
 from tests.testing.test_kubeapi_kit import SLICES, device, post_slice, raw, slice_body, taint
 
 pytestmark = pytest.mark.anyio

@@ -8,7 +8,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from devplug.testing._kubeapi_validation import validate_slice
+from devplug.testing._kubeapi.validation import validate_slice
 from tests.testing.real_api import Kube, RealAPI
 from tests.testing.test_kubeapi_kit import (
     NODE,

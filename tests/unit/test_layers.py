@@ -78,7 +78,49 @@ def test_pure_dra_modules_have_no_grpc_and_no_client(module: str) -> None:
 
 
 def test_testing_kit_uses_the_runtime_only_through_the_public_api() -> None:
-    assert not _forbidden(modules("devplug/testing/*.py"), ("devplug._core",))
+    assert not _forbidden(modules("devplug/testing/**/*.py"), ("devplug._core", "devplug._dra"))
+
+
+def runtime_imports_of(path: Path) -> set[str]:
+    """The modules ``path`` imports outside its ``if TYPE_CHECKING:`` blocks."""
+    tree = ast.parse(path.read_text())
+    type_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for stmt in block.body
+        for node in ast.walk(stmt)
+    }
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_the_fake_api_server_never_imports_the_kubelets_or_the_conformance_checks() -> None:
+    """devplug/testing/_kubeapi/__init__.py states it."""
+    bad = _forbidden(
+        modules("devplug/testing/_kubeapi/*.py"), ("devplug.testing._kubelet", "devplug.testing._conformance")
+    )
+    assert not bad
+
+
+def test_the_fake_kubelets_use_the_api_server_for_types_only_and_never_the_checks() -> None:
+    """devplug/testing/_kubelet/__init__.py states it: it needs no extra."""
+    paths = modules("devplug/testing/_kubelet/*.py")
+    assert not _forbidden(paths, ("devplug.testing._conformance",))
+    at_run_time = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in paths
+        for name in sorted(runtime_imports_of(path))
+        if name.startswith(("devplug.testing._kubeapi", "h11", "lightkube"))
+    ]
+    assert not at_run_time
 
 
 # -- the module graph ------------------------------------------------------------------------------
