@@ -157,12 +157,15 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 message = self._message(snapshot)
                 if message is None:
                     continue
-                yield message
+                # Counted as it is handed to the stream: the generator resumes only when gRPC
+                # asks for the next message, which may be after the kubelet has read this one,
+                # and the figures must never lag behind what the kubelet has.
                 stats.lists_sent += 1
                 stats.last_sent_version = version
                 stats.last_sent_at = now = time.monotonic()
                 counters.sent(snapshot, now)
                 log.debug("devices_sent", version=version, devices=len(snapshot.devices))
+                yield message
         finally:
             stats.streams -= 1
             log.info("stream_closed", last_version=version)
