@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
-EXTRAS = ("nvidia", "metrics")
+EXTRAS = ("dra", "nvidia", "metrics")
 BUILD_TOOLS = re.compile(
     r"\b(gcc|g\+\+|cc|clang|make|build-essential|python3?-dev|libc6?-dev|apt-get|apk|dnf|yum|"
     r"pip wheel|python -m build|setup\.py)\b"
