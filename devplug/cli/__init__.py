@@ -165,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here, not at the top: the console script's import stays small (the library,
     # pydantic and grpc load once a command runs).
     from devplug._version import version
-    from devplug.cli import _conformance, _inspect, _kubelet
+    from devplug.cli import _conformance
+    from devplug.cli.inspect import command as _inspect
+    from devplug.cli.kubelet import command as _kubelet
     from devplug.settings import _OneLineParser
 
     # One line and status 2 for a bad argument, in every sub-command (sub-parsers share the class).
@@ -211,7 +213,9 @@ def _dispatch(
     parser: argparse.ArgumentParser,
     parsers: dict[str, argparse.ArgumentParser],
 ) -> int:
-    from devplug.cli import _conformance, _inspect, _kubelet
+    from devplug.cli import _conformance
+    from devplug.cli.inspect import command as _inspect
+    from devplug.cli.kubelet import command as _kubelet
 
     if known.command == "conformance":
         # Everything after the options is the plugin's command line, its own flags included.
@@ -219,7 +223,7 @@ def _dispatch(
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if known.command == "demo":
-        from devplug.cli import _demo
+        from devplug.cli.demo import story as _demo
 
         if known.dra:
             from devplug._extras import require

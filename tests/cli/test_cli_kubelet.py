@@ -16,7 +16,7 @@ import pytest
 from anyio.streams.text import TextReceiveStream
 
 from devplug import ContainerAllocation, Device, DevicePlugin, PluginOptions
-from devplug.cli._kubelet import Table, registration_line, table_lines
+from devplug.cli.kubelet.command import Table, registration_line, table_lines
 from devplug.testing import FakeKubelet, Registration, serving
 from devplug.testing._process import signal_child
 

@@ -16,7 +16,7 @@ import pytest
 from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 
-from devplug.cli._kubelet_dra import (
+from devplug.cli.kubelet.dra import (
     Health,
     Instances,
     Pool,

@@ -106,8 +106,11 @@ def test_lazy_names_resolve(package: str) -> None:
 def test_building_the_devplug_parser_loads_no_testing_kit() -> None:
     """``devplug run`` builds every sub-command's parser first: none of them may pull in the
     testing kit or the API server's client library, which a plugin's start never uses."""
-    loaded = loaded_by("from devplug.cli import _conformance, _inspect, _kubelet")
-    assert "devplug.cli._kubelet" in loaded
+    loaded = loaded_by(
+        "from devplug.cli import _conformance; from devplug.cli.inspect import command; "
+        "from devplug.cli.kubelet import command"
+    )
+    assert "devplug.cli.kubelet.command" in loaded
     heavy = sorted(m for m in loaded if m.startswith(("devplug.testing", "lightkube", "httpx", "yaml")))
     assert heavy == []
 

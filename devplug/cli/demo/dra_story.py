@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from devplug.cli._narration import Narrator, tell, write_state
+from devplug.cli.demo.narration import Narrator, tell, write_state
 from devplug.testing import FakeKubeAPI, FakeKubelet
 from devplug.testing._process import signal_child
 

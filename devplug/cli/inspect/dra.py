@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from devplug.cli._inspect_client import InspectError
-from devplug.cli._inspect_dra_client import DraConnection, DraTarget
+from devplug.cli.inspect.client import InspectError
+from devplug.cli.inspect.dra_client import DraConnection, DraTarget
 
 if TYPE_CHECKING:
     import argparse

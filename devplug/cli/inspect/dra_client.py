@@ -19,7 +19,7 @@ from devplug._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from devplug._proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
-from devplug.cli._inspect_client import InspectError, check_socket
+from devplug.cli.inspect.client import InspectError, check_socket
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence

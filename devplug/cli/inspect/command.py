@@ -4,7 +4,7 @@ Asks GetDevicePluginOptions, opens ListAndWatch and shows the first list (or, wi
 every list until Ctrl-C / SIGTERM), then makes the calls asked for in the kubelet's order:
 GetPreferredAllocation (admission), Allocate (admission), PreStartContainer (container start).
 A DRA driver's registration socket or DRA socket is recognised and inspected instead
-(:mod:`devplug.cli._inspect_dra`): GetInfo, ``--prepare``/``--unprepare``, ``--watch`` for health.
+(:mod:`devplug.cli.inspect.dra`): GetInfo, ``--prepare``/``--unprepare``, ``--watch`` for health.
 Exit status: 0 when everything answered, 1 when the socket or a call failed (one line on
 stderr), 2 for bad arguments.
 """
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from devplug.cli import _inspect_render as render
 from devplug.cli._argtypes import positive_seconds
-from devplug.cli._inspect_client import InspectError, PluginConnection, SeenDevice, check_socket
-from devplug.cli._inspect_dra_client import detect
+from devplug.cli.inspect import render
+from devplug.cli.inspect.client import InspectError, PluginConnection, SeenDevice, check_socket
+from devplug.cli.inspect.dra_client import detect
 
 if TYPE_CHECKING:
     from devplug.models import PluginOptions
@@ -149,7 +149,7 @@ async def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         if args.allocate or args.preferred or args.pre_start:
             calls = "--allocate, --preferred and --pre-start"
             raise InspectError(f"{path}: a DRA driver's socket; {calls} are device-plugin calls")
-        from devplug.cli import _inspect_dra
+        from devplug.cli.inspect import dra as _inspect_dra
 
         return await _inspect_dra.run(target, args, out)
     if args.prepare or args.unprepare:

@@ -7,7 +7,7 @@ resource's device table, health changes and streams that end. On the way out ``k
 is removed; the plugins' sockets are theirs to remove.
 
 With ``--dra --kubelet-root ROOT`` it is a DRA kubelet with its API server instead
-(:mod:`devplug.cli._kubelet_dra`).
+(:mod:`devplug.cli.kubelet.dra`).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _main_dra(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from devplug.cli._kubelet_dra import serve_dra
+    from devplug.cli.kubelet.dra import serve_dra
     from devplug.testing import FakeKubeAPI, FakeKubelet
 
     root = args.kubelet_root.absolute()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import anyio
 
-from devplug.cli._narration import Narrator, tell, write_state
+from devplug.cli.demo.narration import Narrator, tell, write_state
 from devplug.models import Health
 from devplug.testing import FakeKubelet
 from devplug.testing._process import signal_child
@@ -125,10 +125,10 @@ def main(out: TextIO | None = None, pace: float | None = None, *, dra: bool = Fa
     """Run the demo; returns the exit status (0 on success).
 
     ``pace``: seconds to pause after the main steps; default 0.8 on a terminal, 0 otherwise.
-    ``dra``: the DRA story instead (:mod:`devplug.cli._demo_dra`).
+    ``dra``: the DRA story instead (:mod:`devplug.cli.demo.dra_story`).
     """
     if dra:
-        from devplug.cli import _demo_dra
+        from devplug.cli.demo import dra_story as _demo_dra
 
         return _demo_dra.main(out, pace)
     return tell(_demo, name="devplug demo", out=out, pace=pace, over="real gRPC on unix sockets")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from devplug.cli._inspect_client import SeenDevice
+    from devplug.cli.inspect.client import SeenDevice
     from devplug.models import PluginOptions
 
 _EXACT = ("Healthy", "Unhealthy")
