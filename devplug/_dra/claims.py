@@ -18,9 +18,7 @@ it cannot leave a device prepared for a claim nobody will unprepare again.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +26,7 @@ import anyio
 
 from devplug._cdi_files import write_atomically
 from devplug._dra.checkpoint import PreparedClaim
+from devplug._dra.lock import DriverLock, LockTimeout, lock_wait
 from devplug._dra.names import cdi_device, cdi_kind, claim_spec_file
 from devplug.checks import HostPathError, check_host_paths
 from devplug.models import AllocatedDevice, CdiSpecFile, Claim, OpaqueConfig, PreparedDevice
@@ -92,7 +91,7 @@ class Preparer:
         self.cdi_dir = cdi_dir
         self._fetch = fetch_claim
         self._log = log
-        self._lock = anyio.Lock()
+        self._lock = DriverLock(lock_file, log)
         self._lock_file = lock_file
         self._host_path_check: CheckMode = host_path_check
         self._host_root = host_root
@@ -102,8 +101,12 @@ class Preparer:
 
     # -- prepare --------------------------------------------------------------------------------
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, Outcome]:
-        """Prepare ``claims``; one outcome per distinct UID."""
+    async def prepare(
+        self, claims: Sequence[ClaimRef], *, time_left: float | None = None
+    ) -> dict[str, Outcome]:
+        """Prepare ``claims``; one outcome per distinct UID. ``time_left``: seconds before the
+        call's deadline (None: none), which bounds the wait for the driver's lock."""
+        give_up = anyio.current_time() + lock_wait(time_left)
         start = next(self._sequence)
         self._running.add(start)
         try:
@@ -122,17 +125,20 @@ class Preparer:
                 async with anyio.create_task_group() as tg:
                     for ref in unique:
                         tg.start_soon(fetch, ref)
-            async with self._serialized():
-                for ref in unique:
-                    if ref.uid in outcomes:
-                        continue
-                    try:
-                        outcomes[ref.uid] = Outcome(await self._prepare_one(ref, fetched[ref.uid], start))
-                    except ClaimError as exc:
-                        outcomes[ref.uid] = Outcome(error=str(exc))
-                    except Exception as exc:  # a bug in a hook must not take the call down
-                        self._log.exception("prepare_failed", claim=str(ref), uid=ref.uid, error=str(exc))
-                        outcomes[ref.uid] = Outcome(error=f"prepare of claim {ref} failed: {exc}")
+            try:
+                async with self._serialized(give_up):
+                    for ref in unique:
+                        if ref.uid in outcomes:
+                            continue
+                        try:
+                            outcomes[ref.uid] = Outcome(await self._prepare_one(ref, fetched[ref.uid], start))
+                        except ClaimError as exc:
+                            outcomes[ref.uid] = Outcome(error=str(exc))
+                        except Exception as exc:  # a bug in a hook must not take the call down
+                            self._log.exception("prepare_failed", claim=str(ref), uid=ref.uid, error=str(exc))
+                            outcomes[ref.uid] = Outcome(error=f"prepare of claim {ref} failed: {exc}")
+            except LockTimeout as exc:
+                self._lock_timed_out(exc, [r for r in unique if r.uid not in outcomes], outcomes)
             return outcomes
         finally:
             self._running.discard(start)
@@ -337,21 +343,28 @@ class Preparer:
 
     # -- unprepare ------------------------------------------------------------------------------
 
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, Outcome]:
-        """Unprepare ``claims`` from the checkpoint alone; unknown claims succeed."""
+    async def unprepare(
+        self, claims: Sequence[ClaimRef], *, time_left: float | None = None
+    ) -> dict[str, Outcome]:
+        """Unprepare ``claims`` from the checkpoint alone; unknown claims succeed. ``time_left``:
+        as for :meth:`prepare`."""
+        give_up = anyio.current_time() + lock_wait(time_left)
         unique, outcomes = _distinct(claims)
-        async with self._serialized():
-            for ref in unique:
-                self._unprepared[ref.uid] = next(self._sequence)
-                try:
-                    self._refuse_if_unusable()
-                    await self._unprepare_one(ref)
-                    outcomes[ref.uid] = Outcome()
-                except ClaimError as exc:
-                    outcomes[ref.uid] = Outcome(error=str(exc))
-                except Exception as exc:
-                    self._log.exception("unprepare_failed", claim=str(ref), uid=ref.uid, error=str(exc))
-                    outcomes[ref.uid] = Outcome(error=f"unprepare of claim {ref} failed: {exc}")
+        try:
+            async with self._serialized(give_up):
+                for ref in unique:
+                    self._unprepared[ref.uid] = next(self._sequence)
+                    try:
+                        self._refuse_if_unusable()
+                        await self._unprepare_one(ref)
+                        outcomes[ref.uid] = Outcome()
+                    except ClaimError as exc:
+                        outcomes[ref.uid] = Outcome(error=str(exc))
+                    except Exception as exc:
+                        self._log.exception("unprepare_failed", claim=str(ref), uid=ref.uid, error=str(exc))
+                        outcomes[ref.uid] = Outcome(error=f"unprepare of claim {ref} failed: {exc}")
+        except LockTimeout as exc:
+            self._lock_timed_out(exc, unique, outcomes)
         return outcomes
 
     async def _unprepare_one(self, ref: ClaimRef) -> None:
@@ -414,24 +427,32 @@ class Preparer:
             raise ClaimError(self.checkpoint.error)
 
     @contextlib.asynccontextmanager
-    async def _serialized(self) -> AsyncIterator[None]:
-        """The driver's lock: a process lock, and with rolling updates an flock shared by the
-        old and the new pod, which then share state only through the checkpoint file."""
-        async with self._lock:
-            if self._lock_file is None:
-                yield
-                return
-            # Without a worker thread when nothing holds the lock and nobody wrote the checkpoint
-            # since (the common case): a trip to a worker thread costs more than the call.
-            fd = _try_flock(self._lock_file)
-            if fd is None:
-                fd = await anyio.to_thread.run_sync(_flock, self._lock_file)
-            try:
-                if not self.checkpoint.unchanged():
-                    await anyio.to_thread.run_sync(self.checkpoint.load)
-                yield
-            finally:
-                os.close(fd)
+    async def _serialized(self, give_up: float) -> AsyncIterator[None]:
+        """The driver's lock (:mod:`devplug._dra.lock`), and the checkpoint as the other holder
+        of a shared lock file may have left it.
+
+        Raises:
+            LockTimeout: the lock was not had by ``give_up``; the block did not run.
+        """
+        async with self._lock.held(give_up):
+            # No worker thread when nobody wrote the checkpoint since (the common case): a trip
+            # to a worker thread costs more than the call.
+            if self._lock_file is not None and not self.checkpoint.unchanged():
+                await anyio.to_thread.run_sync(self.checkpoint.load)
+            yield
+
+    def _lock_timed_out(
+        self, exc: LockTimeout, refs: Sequence[ClaimRef], outcomes: dict[str, Outcome]
+    ) -> None:
+        self._log.warning(
+            "lock_wait_expired",
+            lock=exc.lock,
+            waited=round(exc.waited, 1),
+            claims=[str(r) for r in refs],
+            error=str(exc),
+        )
+        for ref in refs:
+            outcomes[ref.uid] = Outcome(error=str(exc))
 
     def _forget_unprepares(self) -> None:
         # Only prepares already running can be refused by an unprepare: older marks are moot.
@@ -441,23 +462,6 @@ class Preparer:
         else:
             for uid in [u for u, n in self._unprepared.items() if n < oldest]:
                 del self._unprepared[uid]
-
-
-def _flock(path: Path) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
-
-
-def _try_flock(path: Path) -> int | None:
-    """The lock if it is free now (None when another process holds it)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
 
 
 def _distinct(claims: Sequence[ClaimRef]) -> tuple[list[ClaimRef], dict[str, Outcome]]:

@@ -73,7 +73,7 @@ class DraPluginService:
 
     async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         started = time.perf_counter()
-        outcomes = await self._preparer.prepare(_refs(request))
+        outcomes = await self._preparer.prepare(_refs(request), time_left=context.time_remaining())
         response = self._pb.NodePrepareResourcesResponse()
         for uid, outcome in outcomes.items():
             entry = response.claims[uid]
@@ -95,7 +95,7 @@ class DraPluginService:
 
     async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         started = time.perf_counter()
-        outcomes = await self._preparer.unprepare(_refs(request))
+        outcomes = await self._preparer.unprepare(_refs(request), time_left=context.time_remaining())
         response = self._pb.NodeUnprepareResourcesResponse()
         for uid, outcome in outcomes.items():
             entry = response.claims[uid]

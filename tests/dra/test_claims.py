@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
+from structlog.testing import capture_logs
 
 from devplug import ContainerAllocation, Device, DeviceSpec, Mount
 from devplug._dra.checkpoint import FILE_NAME, Checkpoint
@@ -300,17 +301,20 @@ async def test_two_drivers_sharing_the_lock_read_each_others_writes(tmp_path: Pa
 
     fd = os.open(tmp_path / "lock", os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)  # a third holder: the next unprepare waits for it
-    async with anyio.create_task_group() as tg:
-        done = anyio.Event()
+    with capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            done = anyio.Event()
 
-        async def unprepare() -> None:
-            assert not (await new.preparer.unprepare([r2]))["u2"].error
-            done.set()
+            async def unprepare() -> None:
+                assert not (await new.preparer.unprepare([r2]))["u2"].error
+                done.set()
 
-        tg.start_soon(unprepare)
-        await anyio.sleep(0.2)
-        assert not done.is_set()
-        os.close(fd)
-        with anyio.fail_after(5):
-            await done.wait()
+            tg.start_soon(unprepare)
+            with anyio.fail_after(5):
+                while not any(e["event"] == "lock_wait" for e in logs):  # noqa: ASYNC110 - a log line
+                    await anyio.sleep(0.01)
+            assert not done.is_set()
+            os.close(fd)
+            with anyio.fail_after(5):
+                await done.wait()
     assert json.loads((tmp_path / FILE_NAME).read_text())["claims"] == {}
