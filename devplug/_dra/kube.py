@@ -106,7 +106,8 @@ class Kube:
 
         async with _errors():
             obj = await self._client.get(Node, node)
-        return str(obj.metadata.uid if obj.metadata else "")
+        uid = obj.metadata.uid if obj.metadata else None
+        return uid or ""  # a missing UID is empty, never the text "None"
 
     async def claim(self, namespace: str, name: str) -> dict[str, Any]:
         """The claim as the API server sent it (a quorum read, as the kubelet's helper makes it)."""

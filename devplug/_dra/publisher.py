@@ -7,6 +7,8 @@ reconciler runs whenever the devices, the cache or the clock (every minute) say 
 writes (:func:`devplug._dra.slices.plan`) and makes them, a few at a time. A failed write is one
 log line naming the object, the verb and the status, and the reconcile is retried with capped,
 jittered back-off, forever: prepares are served meanwhile from what the kubelet already has.
+Any other error (an object from the server that is not what it should be, a bug) is logged with
+its traceback and retried the same way: nothing here ends the driver.
 
 The kubelet deletes every slice of its node when it starts: the watch reports the deletions and
 the slices are written again within milliseconds.
@@ -14,6 +16,7 @@ the slices are written again within milliseconds.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
@@ -33,6 +36,9 @@ from devplug._dra.slices import (
     plan,
     schedulable,
 )
+
+if sys.version_info < (3, 11):  # anyio depends on the backport there
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
 
 if TYPE_CHECKING:
     from devplug._dra.inventory import Inventory, Snapshot
@@ -101,16 +107,23 @@ class SlicePublisher:
     # -- the node ---------------------------------------------------------------------------
 
     async def _node_uid(self) -> str:
+        """The Node's UID (the slices' owner), asked until the API server gives one."""
         backoff = Backoff(initial=0.5, maximum=30.0)
+        obj = f"nodes/{self.node}"
         while True:
+            delay = backoff.next()
             try:
                 uid = await self.kube.node_uid(self.node)
             except KubeError as exc:
-                self._failed(exc, verb="get", obj=f"nodes/{self.node}", retry=backoff)
-                await anyio.sleep(backoff.next())
-                continue
-            if uid:
-                return uid
+                self._failed(exc, verb="get", obj=obj, retry=backoff)
+            except Exception as exc:
+                self._unexpected(exc, step=f"get {obj}", retry_in=delay)
+            else:
+                if uid:
+                    return uid
+                self.last_error = f"get {obj}: the Node has no UID"
+                self._log.warning("node_uid_missing", object=obj, retry_in=round(delay, 3))
+            await anyio.sleep(delay)
 
     # -- informer ---------------------------------------------------------------------------
 
@@ -127,6 +140,11 @@ class SlicePublisher:
             except KubeError as exc:
                 if exc.status != 410:  # 410: the watch fell behind; listing again is the cure
                     self._failed(exc, verb="watch", obj="resourceslices", retry=backoff)
+            except Exception as exc:  # a bad object from the server, a bug: list and watch again
+                delay = backoff.next()
+                self._unexpected(exc, step="list and watch resourceslices", retry_in=delay)
+                await anyio.sleep(delay)
+                continue
             await anyio.sleep(backoff.next())
 
     def _observe(self, kind: str, obj: dict[str, Any]) -> None:
@@ -169,9 +187,14 @@ class SlicePublisher:
                 continue  # a plugin has not listed its devices yet: publish nothing partial
             try:
                 await self._reconcile(snapshot)
-            except KubeError:
+            except Exception as exc:
+                # A KubeError is logged where it happened (api_error); anything else (an answer
+                # that is not what was expected, a bug) here, once, and retried the same way.
+                delay = backoff.next()
+                if not _api_errors_only(exc):
+                    self._unexpected(exc, step="reconcile resourceslices", retry_in=delay)
                 self.in_sync = False
-                await anyio.sleep(backoff.next())
+                await anyio.sleep(delay)
                 self._dirty.set()
                 continue
             backoff.reset()
@@ -331,10 +354,25 @@ class SlicePublisher:
         self._mark()
         return True
 
+    def _unexpected(self, exc: Exception, *, step: str, retry_in: float) -> None:
+        """An error that is not the API server's answer: logged with its traceback and retried
+        like one, never ending the driver (prepares are served meanwhile)."""
+        self.last_error = f"{step}: {type(exc).__name__}: {exc}"
+        self._log.exception(
+            "publisher_failed", step=step, error=f"{type(exc).__name__}: {exc}", retry_in=round(retry_in, 3)
+        )
+
     def _failed(self, exc: KubeError, *, verb: str, obj: str, retry: Backoff | None = None) -> None:
         self.errors[exc.status_label] += 1
         self.last_error = f"{verb} {obj}: {exc.status_label} {exc}"
         self._log.warning("api_error", verb=verb, object=obj, status=exc.status_label, error=str(exc))
+
+
+def _api_errors_only(exc: BaseException) -> bool:
+    """Whether ``exc`` is a KubeError, or a group of nothing else (already logged)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_api_errors_only(e) for e in exc.exceptions)
+    return isinstance(exc, KubeError)
 
 
 def _older(new: dict[str, Any], known: dict[str, Any]) -> bool:
