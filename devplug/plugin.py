@@ -120,7 +120,10 @@ class DevicePlugin(abc.ABC):
         it needs (and, in ``cdi_spec``, the spec file defining them, for devplug to write, keep
         and remove with the claim). The answer is checkpointed: a repeated prepare of the claim
         returns it again without calling this hook (rewriting a handed-over spec file that has
-        gone missing). Raising fails the claim's preparation with the message.
+        gone missing). Raising fails the claim's preparation with the message. When the claim
+        fails after this hook returned (the checkpoint cannot be written, the answer is
+        refused, a spec conflicts, another resource's hook raises), :meth:`unprepare_claim` is
+        called to undo it; a hook that raises cleans up after itself.
         """
         return None
 
@@ -128,8 +131,9 @@ class DevicePlugin(abc.ABC):
         """DRA: undo :meth:`prepare_claim` for ``claim`` (called only when overridden).
 
         Called once the claim's last pod is gone, from the driver's checkpoint alone (the claim
-        may be deleted already: ``claim.resource_claim`` is None). Raising fails the unprepare,
-        which the kubelet retries.
+        may be deleted already: ``claim.resource_claim`` is None), and to roll back a prepare
+        that failed after :meth:`prepare_claim` returned. Raising fails the unprepare, which the
+        kubelet retries (in a rollback it is logged, and the prepare's own error stands).
         """
 
     @classmethod

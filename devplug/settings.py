@@ -87,8 +87,9 @@ class Settings(BaseSettings):
     cdi_dir: Path = Path("/var/run/cdi")
     """Where the CDI specs of plugins that define cdi_spec are written (runtimes read it)."""
     host_path_check: Literal["off", "warn", "refuse"] = "warn"
-    """Host paths of Allocate's device nodes and mounts that are missing: refuse fails the
-    allocation with the path named, warn logs it, off checks nothing."""
+    """Host paths of the device nodes and mounts that Allocate answers (and, under DRA, the
+    default prepare of a claim) that are missing: refuse fails the allocation or the claim with
+    the path named, warn logs it, off checks nothing."""
     host_root: Path = Path("/")
     """Where this process sees the host's root filesystem (e.g. /host in a container); host
     paths are checked under it."""
