@@ -92,7 +92,6 @@ class Preparer:
         self._fetch = fetch_claim
         self._log = log
         self._lock = DriverLock(lock_file, log)
-        self._lock_file = lock_file
         self._host_path_check: CheckMode = host_path_check
         self._host_root = host_root
         self._sequence = itertools.count(1)
@@ -437,7 +436,7 @@ class Preparer:
         async with self._lock.held(give_up):
             # No worker thread when nobody wrote the checkpoint since (the common case): a trip
             # to a worker thread costs more than the call.
-            if self._lock_file is not None and not self.checkpoint.unchanged():
+            if self._lock.path is not None and not self.checkpoint.unchanged():
                 await anyio.to_thread.run_sync(self.checkpoint.load)
             yield
 

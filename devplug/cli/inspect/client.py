@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import socket
 import stat
 from dataclasses import dataclass
@@ -224,3 +225,12 @@ def _status(exc: grpc.aio.AioRpcError) -> str:
 def _first_line(text: str | None) -> str:
     lines = (text or "").strip().splitlines()
     return lines[0] if lines else "no details"
+
+
+async def cancel_on_signal(scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` on Ctrl-C or SIGTERM: a ``--watch`` (device plugin or DRA) then ends
+    normally, with status 0; following the stream is the point."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return

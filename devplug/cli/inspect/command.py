@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TextIO
@@ -22,7 +21,13 @@ import anyio
 
 from devplug.cli._argtypes import positive_seconds
 from devplug.cli.inspect import render
-from devplug.cli.inspect.client import InspectError, PluginConnection, SeenDevice, check_socket
+from devplug.cli.inspect.client import (
+    InspectError,
+    PluginConnection,
+    SeenDevice,
+    cancel_on_signal,
+    check_socket,
+)
 from devplug.cli.inspect.dra_client import detect
 
 if TYPE_CHECKING:
@@ -243,7 +248,7 @@ async def _watch(connection: PluginConnection, options: PluginOptions, as_json: 
     failure: str | None = None
     first = anyio.Event()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_cancel_on_signal, tg.cancel_scope)
+        tg.start_soon(cancel_on_signal, tg.cancel_scope)
         tg.start_soon(_warn_if_silent, first, connection.timeout)
         previous: list[SeenDevice] | None = None
         seq = 0
@@ -273,14 +278,6 @@ async def _watch(connection: PluginConnection, options: PluginOptions, as_json: 
         print(f"devplug inspect: {failure}", file=sys.stderr)
         return 1
     return 0
-
-
-async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
-    # Ctrl-C and SIGTERM end a watch normally (exit 0): following the stream is the point.
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            scope.cancel()
-            return
 
 
 async def _warn_if_silent(first: anyio.Event, after: float) -> None:

@@ -11,14 +11,13 @@ for is an error (exit 1).
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from devplug.cli.inspect.client import InspectError
+from devplug.cli.inspect.client import InspectError, cancel_on_signal
 from devplug.cli.inspect.dra_client import DraConnection, DraTarget
 
 if TYPE_CHECKING:
@@ -187,7 +186,7 @@ async def _watch(
     )
     failure: str | None = None
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_cancel_on_signal, tg.cancel_scope)
+        tg.start_soon(cancel_on_signal, tg.cancel_scope)
         try:
             seq = 0
             async for reports in connection.health(service):
@@ -214,14 +213,6 @@ async def _watch(
         print(f"devplug inspect: {failure}", file=sys.stderr)
         return 1
     return 0
-
-
-async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
-    # As for device plugins: Ctrl-C and SIGTERM end a watch normally (exit 0).
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            scope.cancel()
-            return
 
 
 def _report_json(r: HealthReport) -> dict[str, Any]:
