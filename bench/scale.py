@@ -29,7 +29,7 @@ import core
 import yaml
 
 from devplug import _convert
-from devplug._core.servicer import MAX_MESSAGE_BYTES
+from devplug._device_plugin.servicer import MAX_MESSAGE_BYTES
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug.models import Device, Health
 from devplug.testing import FakeKubelet

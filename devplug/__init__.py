@@ -20,9 +20,10 @@ import typing
 from devplug._lazy import lazy_names as _lazy_names
 
 if typing.TYPE_CHECKING:
-    from devplug._core.resource import ResourceStatus
-    from devplug._core.runner import Plugins, PluginSource, Runner, serve
+    from devplug._device_plugin.resource import ResourceStatus
+    from devplug._device_plugin.runner import Plugins, PluginSource, Runner, serve
     from devplug._main import run
+    from devplug._runtime.signals import install_signals, run_async
     from devplug.checks import HostPathError
     from devplug.errors import ConfigError, DevplugError, KubeletError, RegistrationError
     from devplug.health import HealthPolicy, HealthSettings
@@ -68,19 +69,23 @@ __all__ = [
     "Settings",
     "Version",
     "__version__",
+    "install_signals",
     "load_settings",
     "run",
+    "run_async",
     "serve",
 ]
 
 # Where each public name lives: the same modules as the imports above, which type checkers read.
 _HOMES = {
-    "ResourceStatus": "devplug._core.resource",
-    "PluginSource": "devplug._core.runner",
-    "Plugins": "devplug._core.runner",
-    "Runner": "devplug._core.runner",
-    "serve": "devplug._core.runner",
+    "ResourceStatus": "devplug._device_plugin.resource",
+    "PluginSource": "devplug._device_plugin.runner",
+    "Plugins": "devplug._device_plugin.runner",
+    "Runner": "devplug._device_plugin.runner",
+    "serve": "devplug._device_plugin.runner",
     "run": "devplug._main",
+    "install_signals": "devplug._runtime.signals",
+    "run_async": "devplug._runtime.signals",
     "HostPathError": "devplug.checks",
     "ConfigError": "devplug.errors",
     "DevplugError": "devplug.errors",

@@ -1,6 +1,6 @@
 """The blocking entry point every command shares: options, logging, then the chosen API's runtime.
 
-``api=device-plugin`` serves through :class:`devplug._core.runner.Runner`; ``api=dra`` through
+``api=device-plugin`` serves through :class:`devplug._device_plugin.runner.Runner`; ``api=dra`` through
 :class:`devplug._dra.driver.DraDriver`, imported only then (its API client is not needed, nor
 loaded, by a device plugin).
 """
@@ -11,11 +11,10 @@ import sys
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from devplug._core.runner import Plugins, PluginSource, Reload, _as_list, serve
-from devplug._core.signals import install as install_signals
-from devplug._core.signals import run_async, until_signalled
+from devplug._device_plugin.runner import Plugins, PluginSource, Reload, _as_list, serve
 from devplug._extras import require_dra
 from devplug._names import is_dns_subdomain
+from devplug._runtime.signals import install_signals, run_async, until_signalled
 from devplug.errors import ConfigError
 from devplug.logging import configure as configure_logging
 from devplug.plugin import DevicePlugin

@@ -40,7 +40,7 @@ import threading
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from devplug._core.telemetry import PENDING_REASONS
+from devplug._device_plugin.telemetry import PENDING_REASONS
 from devplug.errors import ConfigError
 
 if TYPE_CHECKING:

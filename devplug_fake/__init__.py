@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     SIGHUP re-reads ``--config``: a resource whose configuration is unchanged keeps its plugin
     object, so only the changed ones are restarted.
     """
-    from devplug._core.signals import install
+    from devplug import install_signals
 
-    install("devplug-fake")  # first: a Ctrl-C from here on is one line, never a traceback
+    install_signals("devplug-fake")  # first: a Ctrl-C from here on is one line, never a traceback
     from devplug import run
     from devplug_fake._config import FakeSettings
     from devplug_fake._plugin import FakePlugin

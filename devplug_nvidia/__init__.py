@@ -31,9 +31,9 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns the exit status (2: bad configuration, 1: init failure).
     """
-    from devplug._core.signals import install
+    from devplug import install_signals
 
-    install("devplug-nvidia")  # first: a SIGTERM / Ctrl-C from here on never ends in a traceback
+    install_signals("devplug-nvidia")  # first: a SIGTERM / Ctrl-C from here on never ends in a traceback
     from devplug_nvidia._cli import main as serve_gpus
 
     return serve_gpus(argv)

@@ -13,8 +13,7 @@ import anyio
 import structlog
 
 import devplug
-from devplug._core.signals import install as install_signals
-from devplug._core.signals import run_async
+from devplug import install_signals, run_async
 from devplug._extras import require_dra
 from devplug._version import version
 from devplug.errors import ConfigError, DevplugError, config_error_in

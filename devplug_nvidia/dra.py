@@ -290,7 +290,7 @@ def run_dra(settings: NvidiaSettings, prog: str, *, started: Callable[[], object
     if started is not None:
         started()
     try:
-        from devplug._core.signals import run_async
+        from devplug import run_async
         from devplug.dra import serve
 
         run_async(functools.partial(serve, plugin, settings))

@@ -28,9 +28,6 @@ import anyio
 import grpc
 import structlog
 
-from devplug._core.feed import feed_devices
-from devplug._core.sockets import MAX_SOCKET_PATH, SocketServer, SocketUnavailableError, make_directories
-from devplug._core.watch import DirWatcher
 from devplug._dra.checkpoint import FILE_NAME, Checkpoint
 from devplug._dra.claims import ClaimError, Preparer
 from devplug._dra.inventory import Inventory
@@ -47,6 +44,9 @@ from devplug._dra.servicer import (
 )
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
+from devplug._runtime.feed import feed_devices
+from devplug._runtime.sockets import MAX_SOCKET_PATH, SocketServer, SocketUnavailableError, make_directories
+from devplug._runtime.watch import DirWatcher
 from devplug._version import version
 from devplug.errors import ConfigError, config_error_in
 from devplug.metrics import require_prometheus
@@ -60,8 +60,8 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
-    from devplug._core.probes import ProbeServer
     from devplug._dra.kube import Kube
+    from devplug._runtime.probes import ProbeServer
     from devplug.models import Device
     from devplug.plugin import DevicePlugin
     from devplug.settings import Settings
@@ -275,8 +275,8 @@ class DraDriver:
         if not address:
             return None
         require_prometheus()
-        from devplug._core.probes import ProbeServer
         from devplug._dra.metrics import DraCollector
+        from devplug._runtime.probes import ProbeServer
 
         probes = ProbeServer(self, address, [DraCollector(self)])
         await probes.bind()

@@ -1,6 +1,6 @@
 """The devices of every plugin a DRA driver serves, under their ResourceSlice names, versioned.
 
-Each plugin's ``watch_devices`` feeds its part (see :mod:`devplug._core.feed`); the inventory
+Each plugin's ``watch_devices`` feeds its part (see :mod:`devplug._runtime.feed`); the inventory
 merges the parts into one list of entries, bumps its version when the list changes, and wakes
 whoever waits for a newer version (the slice publisher, every health stream).
 """
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from devplug._core.state import DeviceState
 from devplug._dra.names import device_name, resource_prefix
+from devplug._runtime.state import DeviceState
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -49,7 +49,7 @@ class Snapshot:
 class Inventory:
     """The merged, versioned device list of a driver's plugins.
 
-    Each plugin's part is a :class:`~devplug._core.state.DeviceState`, as in the device-plugin
+    Each plugin's part is a :class:`~devplug._runtime.state.DeviceState`, as in the device-plugin
     runtime (duplicate IDs refused, unchanged sets no new version); the merged snapshot is
     rebuilt when a part changes.
     """

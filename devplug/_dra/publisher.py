@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from devplug._core.backoff import Backoff
 from devplug._dra.kube import KubeError
 from devplug._dra.slices import (
     Plan,
@@ -36,6 +35,7 @@ from devplug._dra.slices import (
     plan,
     schedulable,
 )
+from devplug._runtime.backoff import Backoff
 
 if sys.version_info < (3, 11):  # anyio depends on the backport there
     from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]

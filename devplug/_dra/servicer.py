@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import grpc
 
-from devplug._core.telemetry import RpcStats
 from devplug._dra.claims import ClaimRef
 from devplug._proto.dra.v1 import api_pb2 as v1
 from devplug._proto.dra.v1 import api_pb2_grpc as v1_grpc
@@ -29,6 +28,7 @@ from devplug._proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from devplug._proto.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
+from devplug._runtime.telemetry import RpcStats
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable

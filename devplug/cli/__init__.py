@@ -153,11 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``devplug`` console script."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] in (["run"], ["kubelet"]):
-        from devplug._core.signals import install
+        from devplug._runtime.signals import install_signals
 
         # First: a Ctrl-C or SIGTERM from here on is one line and status 130 (before serving),
         # or a clean stop (after).
-        install(f"devplug {args[0]}")
+        install_signals(f"devplug {args[0]}")
     if args[:1] == ["run"]:
         # run parses its own options (the runner's settings): the other commands' parsers and
         # modules are not needed, and a plugin's start does not wait for them.

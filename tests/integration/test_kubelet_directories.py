@@ -26,7 +26,7 @@ DRIVER = "widget.example.com"
 @pytest.fixture(autouse=True)
 def quick_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Repeat the missing-directory warning every 0.05 s, then 0.1 s (10 s and 300 s in service)."""
-    monkeypatch.setattr("devplug._core.watch.MISSING_WARNING_BACKOFF", (0.05, 0.1))
+    monkeypatch.setattr("devplug._runtime.watch.MISSING_WARNING_BACKOFF", (0.05, 0.1))
 
 
 def missing_warnings(logs: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:

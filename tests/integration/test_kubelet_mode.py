@@ -20,7 +20,7 @@ from devplug import (
     RegistrationError,
     Runner,
 )
-from devplug._core.registration import register
+from devplug._device_plugin.registration import register
 from devplug.testing import FakeKubelet
 from tests.support import PickyWidgets, Widgets, serving, settings_for, wait_until
 

@@ -11,9 +11,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import devplug.metrics
 from devplug import Device, Health
-from devplug._core.exposition import registry_for, render
-from devplug._core.state import DeviceState
-from devplug._core.telemetry import DURATION_BUCKETS, ResourceCounters, RpcStats
+from devplug._device_plugin.metrics import DevicePluginCollector
+from devplug._device_plugin.telemetry import ResourceCounters
+from devplug._runtime.exposition import registry_for, render
+from devplug._runtime.state import DeviceState
+from devplug._runtime.telemetry import DURATION_BUCKETS, RpcStats
 from devplug.metrics import event_counter, note_health_reason
 from devplug.testing import FakeKubelet
 from tests.nvidia.nvidia_health_kit import monitoring, until
@@ -96,7 +98,7 @@ async def test_readiness_conditions_and_exposition_in_process(short_dir: Path) -
             plugin.set_health("w1", Health.UNHEALTHY)
             await kubelet.wait_for_devices("example.com/widget", lambda ds: not ds[1].healthy)
             await kubelet.allocate("example.com/widget", ["w0"])
-            body, content_type = render(registry_for(runner), "")
+            body, content_type = render(registry_for(runner, [DevicePluginCollector(runner)]), "")
             state = runner.debug_state()
     assert content_type.startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}

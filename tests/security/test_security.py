@@ -22,10 +22,10 @@ from anyio.abc import Process
 from structlog.testing import capture_logs
 
 from devplug import ConfigError, Runner
-from devplug._core import resource as resource_module
-from devplug._core.sockets import SocketServer, directory_exposure, unique_socket_name
+from devplug._device_plugin import resource as resource_module
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from devplug._runtime.sockets import SocketServer, directory_exposure, unique_socket_name
 from devplug.testing import FakeKubelet
 from devplug.testing._process import signal_child
 from tests.support import Widgets, logged_process, serving, settings_for

@@ -10,7 +10,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from devplug import ContainerAllocation, Device, DevicePlugin
-from devplug._core.feed import feed_devices
+from devplug._runtime.feed import feed_devices
 
 pytestmark = pytest.mark.anyio
 

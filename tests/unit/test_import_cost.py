@@ -119,7 +119,7 @@ def test_serving_loads_no_config_file_reader() -> None:
     """The runtime and the fake backend load PyYAML with a config or state file, and the
     allocation policies with a resource that has one, not before."""
     loaded = loaded_by("import devplug._main, devplug_fake._plugin, devplug_fake._config")
-    assert "devplug._core.runner" in loaded
+    assert "devplug._device_plugin.runner" in loaded
     assert sorted(m for m in loaded if m.split(".")[0] in {"yaml", "lightkube", "httpx"}) == []
     assert "devplug.policies" not in loaded
 
@@ -128,7 +128,7 @@ def test_the_device_plugin_runtime_loads_only_what_serving_uses() -> None:
     """``devplug.run`` for a device plugin: no policies (the first GetPreferredAllocation loads
     them), no CDI models, no topology scan, no DRA runtime, no Prometheus."""
     loaded = loaded_by("import devplug._main")
-    assert "devplug._core.runner" in loaded
+    assert "devplug._device_plugin.runner" in loaded
     unused = ("devplug.policies", "devplug.cdi", "devplug.topology", "devplug._dra", "devplug.dra")
     assert sorted(m for m in loaded if m.startswith(unused)) == []
     assert sorted(m for m in loaded if m.split(".")[0] in {"prometheus_client", "yaml", "lightkube"}) == []

@@ -42,19 +42,32 @@ def test_framework_never_imports_a_backend() -> None:
     assert not _forbidden(modules("devplug/**/*.py"), ("devplug_fake", "devplug_nvidia"))
 
 
-def test_core_never_imports_the_testing_kit_or_the_commands() -> None:
-    bad = _forbidden(modules("devplug/_core/*.py"), ("devplug.testing", "devplug.cli"))
+@pytest.mark.parametrize("package", ["_runtime", "_device_plugin", "_dra"])
+def test_runtimes_never_import_the_testing_kit_or_the_commands(package: str) -> None:
+    bad = _forbidden(modules(f"devplug/{package}/*.py"), ("devplug.testing", "devplug.cli"))
+    assert not bad
+
+
+def test_the_shared_runtime_never_imports_a_service() -> None:
+    """devplug/_runtime/__init__.py states it: the services plug into it."""
+    bad = _forbidden(
+        modules("devplug/_runtime/*.py"),
+        ("devplug._device_plugin", "devplug._dra", "devplug.dra", "lightkube", "httpx"),
+    )
     assert not bad
 
 
 @pytest.mark.parametrize("module", ["models", "errors", "policies", "topology", "cdi", "health"])
 def test_pure_modules_have_no_grpc(module: str) -> None:
-    assert not _forbidden([ROOT / "devplug" / f"{module}.py"], ("grpc", "devplug._proto", "devplug._core"))
+    bad = ("grpc", "devplug._proto", "devplug._runtime", "devplug._device_plugin")
+    assert not _forbidden([ROOT / "devplug" / f"{module}.py"], bad)
 
 
 def test_the_device_plugin_runtime_never_imports_dra() -> None:
-    """DRA is a layer beside the device-plugin runtime: it uses _core, never the other way."""
-    assert not _forbidden(modules("devplug/_core/*.py"), ("devplug._dra", "devplug.dra", "lightkube"))
+    """DRA and the device-plugin service sit side by side on _runtime: neither imports the other."""
+    dra = ("devplug._dra", "devplug.dra", "lightkube")
+    assert not _forbidden(modules("devplug/_device_plugin/*.py"), dra)
+    assert not _forbidden(modules("devplug/_dra/*.py"), ("devplug._device_plugin",))
 
 
 def test_dra_runtime_never_imports_the_testing_kit_or_the_commands() -> None:
@@ -78,7 +91,8 @@ def test_pure_dra_modules_have_no_grpc_and_no_client(module: str) -> None:
 
 
 def test_testing_kit_uses_the_runtime_only_through_the_public_api() -> None:
-    assert not _forbidden(modules("devplug/testing/**/*.py"), ("devplug._core", "devplug._dra"))
+    private = ("devplug._runtime", "devplug._device_plugin", "devplug._dra")
+    assert not _forbidden(modules("devplug/testing/**/*.py"), private)
 
 
 def runtime_imports_of(path: Path) -> set[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from devplug import DevplugError
-from devplug._core.sockets import claim_path, file_identity, unique_socket_name
+from devplug._runtime.sockets import claim_path, file_identity, unique_socket_name
 
 
 def test_unique_names() -> None:

@@ -4,7 +4,7 @@ import anyio
 import pytest
 
 from devplug import Device, Health
-from devplug._core.state import DeviceState
+from devplug._runtime.state import DeviceState
 
 pytestmark = pytest.mark.anyio
 

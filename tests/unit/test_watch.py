@@ -7,7 +7,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from devplug._core.watch import DirWatcher
+from devplug._runtime.watch import DirWatcher
 
 pytestmark = pytest.mark.anyio
 

@@ -140,7 +140,7 @@ def _main_dra(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _run(serving: Callable[[], Awaitable[None]]) -> int:
     """Run ``serving()`` until it returns (a stop signal ends its serving): 0, 2 for an OSError;
     a stop signal before it serves raises Interrupted (status 130, one line)."""
-    from devplug._core.signals import run_async
+    from devplug._runtime.signals import run_async
 
     try:
         run_async(serving)
@@ -154,7 +154,7 @@ def _run(serving: Callable[[], Awaitable[None]]) -> int:
 
 
 async def _serve(kubelet: FakeKubelet, out: TextIO) -> None:
-    from devplug._core.signals import until_signalled
+    from devplug._runtime.signals import until_signalled
 
     async with kubelet:
         _say(out, f"kubelet serving {kubelet.socket_path}")

@@ -70,7 +70,7 @@ async def serve_dra(
 
     ``follow_devices`` tells the device-plugin side (``devplug kubelet``'s own follower).
     """
-    from devplug._core.signals import until_signalled
+    from devplug._runtime.signals import until_signalled
 
     node = kubelet.node_name
 

@@ -16,12 +16,12 @@ import re
 import stat
 from typing import TYPE_CHECKING, Any
 
-from devplug._core.sockets import is_live_socket, unique_socket_name
+from devplug._runtime.sockets import is_live_socket, unique_socket_name
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from devplug._core.watch import DirWatcher
+    from devplug._runtime.watch import DirWatcher
 
 
 def _is_socket_itself(path: Path) -> bool:

@@ -1,46 +1,13 @@
-"""What the process looks like from outside: readiness, the debug dump, metrics (pure reads).
-
-:class:`Observed` is what the probes and the metrics read from the process; the runner
-provides it, and they depend on this description, not on the runner.
-"""
+"""One resource as the probes and ``/debug/state`` show it (pure reads)."""
 
 from __future__ import annotations
 
 import datetime
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
-
-    from devplug._core.resource import ResourceRunner, ResourceStatus
-    from devplug._core.telemetry import ResourceCounters
-    from devplug.models import Device
-
-
-class Observed(Protocol):
-    """What ``/healthz``, ``/readyz``, ``/debug/state`` and ``/metrics`` read (a ``Runner``)."""
-
-    @property
-    def counters(self) -> Mapping[str, ResourceCounters]:
-        """What each resource name has counted since the process started."""
-
-    @property
-    def reloads(self) -> Mapping[str, int]:
-        """Configuration reloads by result: applied, failed."""
-
-    @property
-    def resources(self) -> Mapping[str, ResourceStatus]:
-        """The status of every resource served now."""
-
-    def devices(self, resource: str) -> Sequence[Device]:
-        """The devices ``resource`` lists now."""
-
-    def readiness(self) -> tuple[bool, list[str]]:
-        """Whether the process is ready, and if not every reason why."""
-
-    def debug_state(self) -> dict[str, Any]:
-        """The JSON document of ``/debug/state``."""
+    from devplug._device_plugin.resource import ResourceRunner
 
 
 def not_ready_reason(runner: ResourceRunner) -> str | None:
@@ -58,7 +25,7 @@ def not_ready_reason(runner: ResourceRunner) -> str | None:
 
 
 def resource_state(runner: ResourceRunner) -> dict[str, Any]:
-    """One resource in :meth:`Observed.debug_state`."""
+    """One resource in ``/debug/state``."""
     status, counters = runner.status, runner.counters
     last = counters.last_sent
     last_sent = None

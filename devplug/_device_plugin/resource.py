@@ -22,26 +22,26 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 import structlog
 
-from devplug._core.backoff import Backoff
-from devplug._core.cdi_sync import CdiSync
-from devplug._core.feed import feed_devices
-from devplug._core.registration import register
-from devplug._core.rivals import RivalWatch
-from devplug._core.servicer import (
+from devplug._device_plugin.cdi_sync import CdiSync
+from devplug._device_plugin.registration import register
+from devplug._device_plugin.rivals import RivalWatch
+from devplug._device_plugin.servicer import (
     DevicePluginService,
     ServiceStats,
     WatcherRegistrationService,
     add_services,
 )
-from devplug._core.sockets import SocketServer, SocketUnavailableError, file_identity, unique_socket_name
-from devplug._core.state import DeviceState
-from devplug._core.telemetry import ResourceCounters
+from devplug._device_plugin.telemetry import ResourceCounters
+from devplug._runtime.backoff import Backoff
+from devplug._runtime.feed import feed_devices
+from devplug._runtime.sockets import SocketServer, SocketUnavailableError, file_identity, unique_socket_name
+from devplug._runtime.state import DeviceState
 from devplug.errors import RegistrationError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
 
-    from devplug._core.watch import DirWatcher
+    from devplug._runtime.watch import DirWatcher
     from devplug.models import Device
     from devplug.plugin import DevicePlugin
     from devplug.settings import Settings

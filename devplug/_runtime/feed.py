@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from devplug._core.backoff import Backoff
+from devplug._runtime.backoff import Backoff
 from devplug.models import Device
 
 if TYPE_CHECKING:

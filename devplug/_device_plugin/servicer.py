@@ -15,7 +15,7 @@ import anyio
 import grpc
 
 from devplug import _convert
-from devplug._core.telemetry import ResourceCounters
+from devplug._device_plugin.telemetry import ResourceCounters
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
     from pathlib import Path
 
-    from devplug._core.state import DeviceState, Snapshot
+    from devplug._runtime.state import DeviceState, Snapshot
     from devplug.checks import CheckMode
     from devplug.models import Device
     from devplug.plugin import DevicePlugin

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 import anyio
 import structlog
 
-from devplug._core.backoff import Backoff
-from devplug._core.introspect import not_ready_reason, resource_state
-from devplug._core.resource import ResourceRunner, ResourceStatus, RestartReason
-from devplug._core.signals import until_signalled
-from devplug._core.sockets import MAX_SOCKET_PATH, directory_exposure, unique_socket_name
-from devplug._core.telemetry import ResourceCounters
-from devplug._core.watch import DirWatcher
+from devplug._device_plugin.introspect import not_ready_reason, resource_state
+from devplug._device_plugin.resource import ResourceRunner, ResourceStatus, RestartReason
+from devplug._device_plugin.telemetry import ResourceCounters
 from devplug._names import resource_name_problem
+from devplug._runtime.backoff import Backoff
+from devplug._runtime.signals import until_signalled
+from devplug._runtime.sockets import MAX_SOCKET_PATH, directory_exposure, unique_socket_name
+from devplug._runtime.watch import DirWatcher
 from devplug._version import version
 from devplug.errors import ConfigError, config_error_in
 from devplug.logging import configure as configure_logging
@@ -36,7 +36,7 @@ if sys.version_info < (3, 11):  # anyio depends on the backport there
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup, TaskStatus
 
-    from devplug._core.probes import ProbeServer
+    from devplug._runtime.probes import ProbeServer
     from devplug.models import Device
 
 log = structlog.get_logger("devplug.runner")
@@ -211,9 +211,10 @@ class Runner:
         _check_directories(settings)
         if settings.metrics_address:
             require_prometheus()
-            from devplug._core.probes import ProbeServer
+            from devplug._device_plugin.metrics import DevicePluginCollector
+            from devplug._runtime.probes import ProbeServer
 
-            self.probes = ProbeServer(self, settings.metrics_address)
+            self.probes = ProbeServer(self, settings.metrics_address, [DevicePluginCollector(self)])
             await self.probes.bind()
         # One inotify watch set for the process: the sockets' directory, and in kubelet mode
         # the kubelet socket's own directory when it is configured elsewhere. A directory that

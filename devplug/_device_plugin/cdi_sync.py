@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from devplug._core.sockets import file_identity
+from devplug._runtime.sockets import file_identity
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from devplug import _convert
-from devplug._core.servicer import API_VERSION
+from devplug._device_plugin.servicer import API_VERSION
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.errors import RegistrationError

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from anyio.abc import Listener, SocketStream
     from prometheus_client.registry import Collector
 
-    from devplug._core.introspect import Observed
+    from devplug._runtime.exposition import Observed
+
 
 log = structlog.get_logger("devplug.probes")
 
@@ -57,7 +58,7 @@ class ProbeServer:
 
     def __init__(self, runner: Observed, address: str, collectors: Sequence[Collector] = ()) -> None:
         """``collectors``: more prometheus-client collectors for ``/metrics`` (a DRA driver's)."""
-        from devplug._core.exposition import registry_for
+        from devplug._runtime.exposition import registry_for
 
         self._runner = runner
         self._host, self._port = parse_address(address)
@@ -148,7 +149,7 @@ class ProbeServer:
         return 200, "application/json", text.encode() + b"\n"
 
     def _metrics(self, headers: dict[str, str]) -> tuple[int, str, bytes]:
-        from devplug._core.exposition import render
+        from devplug._runtime.exposition import render
 
         body, content_type = render(self._registry, headers.get("accept", ""))
         return 200, content_type, body

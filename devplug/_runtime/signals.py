@@ -1,7 +1,7 @@
 """Signals of a devplug process, from the first line of ``main`` to exit.
 
 SIGTERM / SIGINT stop it, SIGHUP reloads, SIGUSR1 dumps state. One handler, installed by
-:func:`install` at the very start of every command's ``main``, stays in place until exit (the
+:func:`install_signals` at the very start of every command's ``main``, stays in place until exit (the
 event loop's own signal handlers are not used: removing them puts the default action back, and
 a second SIGTERM during the last clean-up would then kill the process). What a signal does
 depends on the moment:
@@ -65,7 +65,7 @@ class _State:
 _state = _State()
 
 
-def install(prog: str) -> None:
+def install_signals(prog: str) -> None:
     """Take SIGTERM and SIGINT over for the rest of the process (call it first thing in ``main``).
 
     Does nothing outside the main thread, where signal handlers cannot be set.

@@ -1,4 +1,4 @@
-"""The Prometheus exposition of a runner's counters (imported only when metrics are on).
+"""The device-plugin service's Prometheus metrics (imported only when metrics are on).
 
 Everything is read at scrape time from the runner's plain counters and status: the hot path
 records into ``telemetry`` only, and prometheus-client never runs there.
@@ -8,48 +8,48 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from devplug._core.telemetry import UNARY_METHODS
-from devplug.metrics import event_counters
+from devplug._device_plugin.telemetry import UNARY_METHODS
 from devplug.models import Health
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Iterator, Mapping, Sequence
 
     from prometheus_client.metrics_core import Metric
 
-    from devplug._core.introspect import Observed
+    from devplug._device_plugin.resource import ResourceStatus
+    from devplug._device_plugin.telemetry import ResourceCounters
+    from devplug.models import Device
 
 
-class RunnerCollector(Collector):
-    """devplug_* metrics of one runner, plus every declared event counter."""
+class Resources(Protocol):
+    """What the collector reads: the device-plugin service's resources (a ``Runner``)."""
 
-    def __init__(self, runner: Observed) -> None:
+    @property
+    def counters(self) -> Mapping[str, ResourceCounters]:
+        """What each resource name has counted since the process started."""
+
+    @property
+    def resources(self) -> Mapping[str, ResourceStatus]:
+        """The status of every resource served now."""
+
+    def devices(self, resource: str) -> Sequence[Device]:
+        """The devices ``resource`` lists now."""
+
+
+class DevicePluginCollector(Collector):
+    """The device-plugin service's devplug_* metrics: RPCs, registrations, devices, streams."""
+
+    def __init__(self, runner: Resources) -> None:
         self._runner = runner
 
     def collect(self) -> Iterator[Metric]:
-        runner = self._runner
         yield from self._rpcs()
         yield from self._resources()
-        ready, _ = runner.readiness()
-        yield GaugeMetricFamily("devplug_ready", "1 when /readyz answers ready.", value=float(ready))
-        reloads = CounterMetricFamily(
-            "devplug_reloads", "Configuration reloads (SIGHUP) by result.", labels=["result"]
-        )
-        for result in ("applied", "failed"):
-            reloads.add_metric([result], runner.reloads[result])
-        yield reloads
-        for counter in event_counters():
-            family = CounterMetricFamily(counter.name, counter.documentation, labels=list(counter.labelnames))
-            for labels, count in counter.samples():
-                family.add_metric(list(labels), count)
-            yield family
 
     def _rpcs(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
@@ -127,21 +127,3 @@ class RunnerCollector(Collector):
             for health in Health:
                 devices.add_metric([resource, health.value], by_health[health.value])
         yield from (registered, registrations, devices, age, sent, streams, transitions)
-
-
-def registry_for(runner: Observed, collectors: Sequence[Collector] = ()) -> CollectorRegistry:
-    """A registry of the runner's metrics, ``collectors`` and the usual process ones."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunnerCollector(runner))
-    for collector in collectors:
-        registry.register(collector)
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    GCCollector(registry=registry)
-    return registry
-
-
-def render(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
-    """The exposition in the format ``accept`` asks for (OpenMetrics or text) and its type."""
-    encoder, content_type = choose_encoder(accept)
-    return encoder(registry), content_type
