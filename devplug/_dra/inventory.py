@@ -8,13 +8,12 @@ whoever waits for a newer version (the slice publisher, every health stream).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
-
-import anyio
 
 from devplug._dra.names import device_name, resource_prefix
 from devplug._runtime.state import DeviceState
+from devplug._versioned import Versioned
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -58,12 +57,12 @@ class Inventory:
         self.plugins = tuple(plugins)
         self.parts = tuple(DeviceState() for _ in plugins)
         self._prefixes = _prefixes(self.plugins)
-        self._snapshot = Snapshot(0, (), {}, complete=not plugins)
-        self._changed = anyio.Event()
+        # The snapshot's version is the box's: both move on together, in update only.
+        self._snapshot = Versioned(Snapshot(0, (), {}, complete=not plugins))
 
     @property
     def current(self) -> Snapshot:
-        return self._snapshot
+        return self._snapshot.value
 
     def update(self, index: int, devices: Sequence[Device]) -> bool:
         """Make ``devices`` plugin ``index``'s part; False when nothing changed.
@@ -88,16 +87,28 @@ class Inventory:
         if not self.parts[index].publish(devices):
             return False
         complete = all(p.current.version > 0 for p in self.parts)
-        self._snapshot = Snapshot(self._snapshot.version + 1, tuple(entries), by_name, complete)
-        changed, self._changed = self._changed, anyio.Event()
-        changed.set()
+        self._snapshot.set(Snapshot(self._snapshot.version + 1, tuple(entries), by_name, complete))
         return True
+
+    def replace(self, index: int, plugin: DevicePlugin) -> None:
+        """Serve plugin ``index``'s resource with ``plugin`` from now on (a reload); its devices
+        stay listed, under the same names, until the new plugin lists its own.
+
+        Raises:
+            ValueError: ``plugin`` serves another resource.
+        """
+        old = self.plugins[index]
+        if plugin.resource_name != old.resource_name:
+            raise ValueError(f"plugin {index} serves {old.resource_name}, not {plugin.resource_name}")
+        self.plugins = (*self.plugins[:index], plugin, *self.plugins[index + 1 :])
+        snapshot = self.current
+        entries = tuple(replace(e, plugin=plugin) if e.plugin is old else e for e in snapshot.entries)
+        by_name = {e.name: e for e in entries}
+        self._snapshot.set(Snapshot(self._snapshot.version + 1, entries, by_name, snapshot.complete))
 
     async def newer_than(self, version: int) -> Snapshot:
         """Wait for a version newer than ``version`` and return it."""
-        while self._snapshot.version <= version:
-            await self._changed.wait()
-        return self._snapshot
+        return await self._snapshot.newer_than(version)
 
 
 def _prefixes(plugins: Sequence[DevicePlugin]) -> list[str]:

@@ -36,6 +36,7 @@ from devplug._dra.slices import (
     schedulable,
 )
 from devplug._runtime.backoff import Backoff
+from devplug._versioned import Versioned
 
 if sys.version_info < (3, 11):  # anyio depends on the backport there
     from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
@@ -62,7 +63,8 @@ class SlicePublisher:
         self.inventory = inventory
         self._log = log.bind(driver=driver, node=node)
         self._cache: dict[str, dict[str, Any]] = {}
-        self._dirty = anyio.Event()
+        self._dirty = Versioned(None)
+        """Bumped by everything that may call for a reconcile."""
         self._pool: Pool | None = None
         self._generation = 0
         self._settle = False
@@ -102,7 +104,7 @@ class SlicePublisher:
 
     def _mark(self) -> None:
         self.in_sync = False
-        self._dirty.set()
+        self._dirty.bump()
 
     # -- the node ---------------------------------------------------------------------------
 
@@ -115,7 +117,7 @@ class SlicePublisher:
             try:
                 uid = await self.kube.node_uid(self.node)
             except KubeError as exc:
-                self._failed(exc, verb="get", obj=obj, retry=backoff)
+                self._failed(exc, verb="get", obj=obj)
             except Exception as exc:
                 self._unexpected(exc, step=f"get {obj}", retry_in=delay)
             else:
@@ -139,7 +141,7 @@ class SlicePublisher:
                     self._observe(kind, obj)
             except KubeError as exc:
                 if exc.status != 410:  # 410: the watch fell behind; listing again is the cure
-                    self._failed(exc, verb="watch", obj="resourceslices", retry=backoff)
+                    self._failed(exc, verb="watch", obj="resourceslices")
             except Exception as exc:  # a bad object from the server, a bug: list and watch again
                 delay = backoff.next()
                 self._unexpected(exc, step="list and watch resourceslices", retry_in=delay)
@@ -173,15 +175,16 @@ class SlicePublisher:
 
     async def _reconcile_loop(self) -> None:
         backoff = Backoff(initial=0.1, maximum=30.0)
+        seen = 0
         while True:
             with anyio.move_on_after(RESYNC):
-                await self._dirty.wait()
+                await self._dirty.newer_than(seen)
             if self._settle:
                 # Deletions come in bursts (the kubelet's DeleteCollection at its start): let the
                 # burst arrive, then write the pool once, at one new generation.
                 self._settle = False
                 await anyio.sleep(SETTLE)
-            self._dirty = anyio.Event()
+            seen = self._dirty.version
             snapshot = self.inventory.current
             if not snapshot.complete:
                 continue  # a plugin has not listed its devices yet: publish nothing partial
@@ -195,7 +198,7 @@ class SlicePublisher:
                     self._unexpected(exc, step="reconcile resourceslices", retry_in=delay)
                 self.in_sync = False
                 await anyio.sleep(delay)
-                self._dirty.set()
+                self._dirty.bump()
                 continue
             backoff.reset()
 
@@ -258,7 +261,7 @@ class SlicePublisher:
             seconds=round(time.monotonic() - started, 4),
         )
         # The cache holds every answer now: check again at once (nothing left to do, normally).
-        self._dirty.set()
+        self._dirty.bump()
 
     def _synced(self, snapshot: Snapshot) -> None:
         if not self.in_sync:
@@ -289,7 +292,7 @@ class SlicePublisher:
                     if exc.status == 404 and verb != "create":
                         # Deleted meanwhile (a wipe in progress): plan again from what is left.
                         self._cache.pop(name, None)
-                        self._dirty.set()
+                        self._dirty.bump()
                         return
                     if self._effect_none_refused(exc, obj):
                         return
@@ -362,7 +365,7 @@ class SlicePublisher:
             "publisher_failed", step=step, error=f"{type(exc).__name__}: {exc}", retry_in=round(retry_in, 3)
         )
 
-    def _failed(self, exc: KubeError, *, verb: str, obj: str, retry: Backoff | None = None) -> None:
+    def _failed(self, exc: KubeError, *, verb: str, obj: str) -> None:
         self.errors[exc.status_label] += 1
         self.last_error = f"{verb} {obj}: {exc.status_label} {exc}"
         self._log.warning("api_error", verb=verb, object=obj, status=exc.status_label, error=str(exc))

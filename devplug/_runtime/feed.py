@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from devplug._runtime.backoff import Backoff
+from devplug._versioned import Versioned
 from devplug.models import Device
 
 if TYPE_CHECKING:
@@ -81,24 +82,21 @@ class _NoDevicesWatch:
         self._resource = resource
         self._log = log
         self._after = after
-        self._empty = True  # nothing is in force before the first list
-        self._changed = anyio.Event()
+        self._empty = Versioned(True)  # nothing is in force before the first list
 
     def update(self, in_force: int) -> None:
         empty = in_force == 0
-        if empty != self._empty:
-            self._empty = empty
-            self._changed.set()
-            self._changed = anyio.Event()
+        if empty != self._empty.value:
+            self._empty.set(empty)
 
     async def run(self) -> None:
         while True:
-            if not self._empty:
-                await self._changed.wait()
+            version = self._empty.version
+            if not self._empty.value:
+                await self._empty.newer_than(version)
                 continue
-            changed = self._changed
             with anyio.move_on_after(self._after):
-                await changed.wait()
+                await self._empty.newer_than(version)
                 continue
             self._log.warning(
                 "no_devices_listed",
@@ -106,7 +104,7 @@ class _NoDevicesWatch:
                 seconds=self._after,
                 note="watch_devices has listed no device; is the plugin looking in the right place?",
             )
-            await changed.wait()  # once: until devices come (and perhaps go again)
+            await self._empty.newer_than(version)  # once: until devices come (and perhaps go again)
 
 
 def checked(devices: object, log: Any) -> tuple[Device, ...] | None:

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import anyio
+from devplug._versioned import Versioned
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -33,12 +33,12 @@ class DeviceState:
     """The current snapshot of one resource and a way to wait for a newer one."""
 
     def __init__(self) -> None:
-        self._snapshot = Snapshot(0, (), {})
-        self._changed = anyio.Event()
+        # The snapshot's version is the box's: both move on together, in publish only.
+        self._snapshot = Versioned(Snapshot(0, (), {}))
 
     @property
     def current(self) -> Snapshot:
-        return self._snapshot
+        return self._snapshot.value
 
     def publish(self, devices: Iterable[Device]) -> bool:
         """Make ``devices`` the current set. Returns False (no new version) if nothing changed.
@@ -51,16 +51,12 @@ class DeviceState:
             counts = Counter(d.id for d in devices)
             dupes = sorted(i for i, n in counts.items() if n > 1)
             raise ValueError(f"duplicate device IDs: {', '.join(dupes)}")
-        old = self._snapshot
+        old = self._snapshot.value
         if old.version > 0 and old.devices == devices:
             return False
-        self._snapshot = Snapshot(old.version + 1, devices, by_id)
-        changed, self._changed = self._changed, anyio.Event()
-        changed.set()
+        self._snapshot.set(Snapshot(old.version + 1, devices, by_id))
         return True
 
     async def newer_than(self, version: int) -> Snapshot:
         """Wait until the current version is newer than ``version`` and return that snapshot."""
-        while self._snapshot.version <= version:
-            await self._changed.wait()
-        return self._snapshot
+        return await self._snapshot.newer_than(version)

@@ -31,6 +31,7 @@ import anyio
 import structlog
 from asyncinotify import Inotify, Mask
 
+from devplug._versioned import Versioned
 from devplug.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -78,19 +79,23 @@ class DirWatcher:
 
     def __init__(self, *paths: Path, on_found: Callable[[Path], None] | None = None) -> None:
         self.paths = tuple(dict.fromkeys(paths))
-        self.generation = 0
-        self._event = anyio.Event()
+        self._changes = Versioned(None)
         self._created: Counter[Path] = Counter()
         self._lost = 0  # queue overflows and (re)appeared directories: anything may have appeared
         self._on_found = on_found
         self._watched: dict[Path, int] = {}  # a present directory -> its watch descriptor
         self._ancestors: dict[int, Watch] = {}  # watches on ancestors of missing directories
-        self._missing_changed = anyio.Event()
+        self._missing_changed = Versioned(None)
 
     @property
     def path(self) -> Path:
         """The first directory watched (where a resource puts its sockets)."""
         return self.paths[0]
+
+    @property
+    def generation(self) -> int:
+        """Moves on after every inotify event: a waiter reads it before it looks."""
+        return self._changes.version
 
     @property
     def missing(self) -> tuple[Path, ...]:
@@ -105,24 +110,13 @@ class DirWatcher:
         """
         return self._created[path] + self._lost
 
-    def _bump(self) -> None:
-        self.generation += 1
-        event, self._event = self._event, anyio.Event()
-        event.set()
-
     async def changed_after(self, generation: int) -> None:
         """Return once something in a watched directory changed after ``generation`` was read."""
-        while self.generation <= generation:
-            await self._event.wait()
+        await self._changes.newer_than(generation)
 
     async def wait_for(self, check: Callable[[], T | None]) -> T:
         """Run ``check`` now and after every change until it returns something other than None."""
-        while True:
-            generation = self.generation
-            result = check()
-            if result is not None:
-                return result
-            await self.changed_after(generation)
+        return await self._changes.wait_for(lambda _: check())
 
     async def wait_present(self, directory: Path) -> None:
         """Return once ``directory`` (one of :attr:`paths`) is there and watched."""
@@ -153,7 +147,7 @@ class DirWatcher:
                         self._lose(inotify, wd, watch)
                     if self.missing:
                         self._resolve(inotify)
-                    self._bump()
+                    self._changes.bump()
 
     def _lose(self, inotify: Inotify, wd: int, watch: Watch | None) -> None:
         """A watched directory (or an ancestor) was deleted or moved: it is waited for again."""
@@ -164,7 +158,7 @@ class DirWatcher:
         self._ancestors.pop(wd, None)
         if gone:
             self._lost += 1
-            self._missing_changed.set()
+            self._missing_changed.bump()
         if watch is not None:
             with contextlib.suppress(OSError):  # the kernel may have dropped it already
                 inotify.rm_watch(watch)
@@ -180,7 +174,7 @@ class DirWatcher:
             found, needed, added = self._look(inotify)
             if found and not initial:
                 self._lost += 1  # files may have been made in it before the watch
-                self._missing_changed.set()
+                self._missing_changed.bump()
                 for path in found:
                     log.info("kubelet_directory_found", path=str(path))
                     if self._on_found is not None:
@@ -219,7 +213,7 @@ class DirWatcher:
         """Log each missing directory at once, then with back-off, until it is there."""
         due: dict[Path, tuple[float, float]] = {}  # path -> (when to warn next, interval)
         while True:
-            changed = self._missing_changed = anyio.Event()
+            seen = self._missing_changed.version
             now = anyio.current_time()
             missing = self.missing
             due = {p: due.get(p, (now, MISSING_WARNING_BACKOFF[0])) for p in missing}
@@ -231,7 +225,7 @@ class DirWatcher:
                     due[path] = (now + interval, min(interval * 2, MISSING_WARNING_BACKOFF[1]))
             wake = min((when for when, _ in due.values()), default=math.inf)
             with anyio.move_on_after(wake - now):
-                await changed.wait()
+                await self._missing_changed.newer_than(seen)
 
 
 def _watch_ancestor(inotify: Inotify, path: Path) -> Watch | None:

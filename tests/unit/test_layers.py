@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 import textwrap
 from pathlib import Path
 
@@ -61,6 +62,13 @@ def test_the_shared_runtime_never_imports_a_service() -> None:
 def test_pure_modules_have_no_grpc(module: str) -> None:
     bad = ("grpc", "devplug._proto", "devplug._runtime", "devplug._device_plugin")
     assert not _forbidden([ROOT / "devplug" / f"{module}.py"], bad)
+
+
+def test_the_versioned_value_is_pure() -> None:
+    """devplug/_versioned.py serves the runtimes, the testing kit and the backends alike: anyio only."""
+    stdlib = sys.stdlib_module_names
+    names = imports_of(ROOT / "devplug" / "_versioned.py")
+    assert {n for n in names if n.split(".")[0] not in stdlib} == {"anyio"}
 
 
 def test_the_device_plugin_runtime_never_imports_dra() -> None:
