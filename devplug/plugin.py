@@ -5,8 +5,10 @@ Who calls what, and when:
 * ``watch_devices`` is started once per resource when the resource is served and iterated for
   as long as it runs. Every item it yields is the *complete* device set; devplug versions it and
   streams it to the kubelet (and to any other ListAndWatch client).
-* ``allocate`` is called by the kubelet at pod admission, once per container, with the devices it
-  chose (all known to devplug; unknown IDs are rejected before the hook runs).
+* ``allocate`` says what a consumer of some devices gets. Served as a device plugin, it is called
+  once per container of each kubelet Allocate call; served as a DRA driver, once per request of
+  a claim being prepared (unless ``prepare_claim`` prepares the claim itself). Its docstring
+  says exactly when.
 * ``preferred_allocation`` is offered to the kubelet only when a subclass overrides it.
 * ``pre_start_container`` is called before every container start only when overridden.
 * ``cdi_spec``, when overridden, is called with every new device set before the kubelet sees
@@ -17,6 +19,10 @@ Served as a DRA driver (``--api dra``), the same class needs no change: ``watch_
 the ResourceSlices, and a claim's devices are prepared by calling ``allocate`` once per request
 of the claim and writing what it returns as a CDI spec for the claim. ``prepare_claim`` and
 ``unprepare_claim`` are called, when overridden, for drivers that need more.
+
+Besides these hooks and the attributes of :class:`DevicePlugin`, devplug reads nothing off a
+subclass: which hooks it overrides is worked out outside the class (``devplug._hooks``), so any
+other attribute or method name (``options``, say) is the author's to use.
 """
 
 from __future__ import annotations
@@ -26,14 +32,20 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import structlog
 
-from devplug.models import ContainerAllocation, Device, PluginOptions
 from devplug.settings import Settings
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
     from devplug.cdi import CdiSpec
-    from devplug.models import AllocatedDevice, Claim, OpaqueConfig, PreparedDevice
+    from devplug.models import (
+        AllocatedDevice,
+        Claim,
+        ContainerAllocation,
+        Device,
+        OpaqueConfig,
+        PreparedDevice,
+    )
 
 __all__ = ["DevicePlugin"]
 
@@ -79,9 +91,31 @@ class DevicePlugin(abc.ABC):
 
     @abc.abstractmethod
     async def allocate(self, devices: Sequence[Device]) -> ContainerAllocation:
-        """Say what one container gets for ``devices`` (in the kubelet's order).
+        """Say what the consumer of ``devices`` gets: device nodes, mounts, environment, CDI names.
 
-        Raising fails the pod's admission with the exception's message; the plugin keeps serving.
+        Served as a device plugin: called by the kubelet's Allocate at pod admission, once per
+        container that asks for the resource (one Allocate call may hold several containers,
+        answered in order), with the devices the kubelet chose for that container, in its order
+        (all known to devplug: unknown IDs are refused before the hook runs). The answer is that
+        container's ``ContainerAllocateResponse``, which the kubelet checkpoints and replays on
+        container restarts without calling again. Raising fails the pod's admission with the
+        exception's message; the plugin keeps serving.
+
+        Served as a DRA driver: called while the kubelet prepares a claim (before its first
+        pod's sandbox starts), under the driver's lock, only when the class does not override
+        :meth:`prepare_claim` or its ``prepare_claim`` returned None for the claim. It is then
+        called once per request of the claim (a subrequest ``gpu/small`` counts as its request
+        ``gpu``), with this resource's devices allocated for that request, in the allocation's
+        order. The answer goes to no container directly: its device nodes, mounts and
+        environment become one CDI device ``k8s.<driver>/claim=<claim UID>-<request>`` in the
+        claim's spec file (its annotations become that CDI device's annotations, which runtimes
+        do not apply), and its ``cdi_devices`` are handed on beside that name; every container
+        that uses the request gets them all. A repeated prepare of the claim is answered from
+        the driver's checkpoint without calling again. Raising fails the claim's preparation
+        with the exception's message, and the kubelet retries.
+
+        Under both APIs the host paths of the answer's device nodes and mounts are checked
+        (``host_path_check``), and with ``refuse`` a missing one fails the call.
         """
 
     async def preferred_allocation(
@@ -140,28 +174,3 @@ class DevicePlugin(abc.ABC):
     def from_settings(cls: type[P], settings: Settings) -> P:
         """Build the plugin for ``devplug run`` from its parsed settings (default: no arguments)."""
         return cls()
-
-    @classmethod
-    def writes_cdi_spec(cls) -> bool:
-        """Whether the class overrides :meth:`cdi_spec`."""
-        return cls.cdi_spec is not DevicePlugin.cdi_spec
-
-    @classmethod
-    def prepares_claims(cls) -> bool:
-        """Whether the class overrides :meth:`prepare_claim`."""
-        return cls.prepare_claim is not DevicePlugin.prepare_claim
-
-    @classmethod
-    def unprepares_claims(cls) -> bool:
-        """Whether the class overrides :meth:`unprepare_claim`."""
-        return cls.unprepare_claim is not DevicePlugin.unprepare_claim
-
-    @classmethod
-    def options(cls) -> PluginOptions:
-        """The options advertised to the kubelet: one per optional hook the class overrides."""
-        return PluginOptions(
-            pre_start_required=cls.pre_start_container is not DevicePlugin.pre_start_container,
-            get_preferred_allocation_available=(
-                cls.preferred_allocation is not DevicePlugin.preferred_allocation
-            ),
-        )

@@ -32,6 +32,7 @@ from devplug._device_plugin.servicer import (
     add_services,
 )
 from devplug._device_plugin.telemetry import ResourceCounters
+from devplug._hooks import advertised_options, overrides
 from devplug._runtime.backoff import Backoff
 from devplug._runtime.feed import feed_devices
 from devplug._runtime.sockets import SocketServer, SocketUnavailableError, file_identity, unique_socket_name
@@ -91,7 +92,9 @@ class ResourceRunner:
         )
         self._log = structlog.get_logger("devplug.resource").bind(resource=plugin.resource_name)
         # Only plugins that define cdi_spec pay for it.
-        self._cdi = CdiSync(plugin, settings.cdi_dir, self._log) if plugin.writes_cdi_spec() else None
+        self._cdi = (
+            CdiSync(plugin, settings.cdi_dir, self._log) if overrides(type(plugin), "cdi_spec") else None
+        )
         self._rivals = RivalWatch(plugin.resource_name, watcher.path, self._log)
 
     async def run(self) -> None:
@@ -259,7 +262,7 @@ class ResourceRunner:
                     kubelet,
                     self.plugin.resource_name,
                     server.path.name,
-                    self.plugin.options(),
+                    advertised_options(type(self.plugin)),
                     settings.register_timeout,
                 ),
                 partial(restart_reason, seen),

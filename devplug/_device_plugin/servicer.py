@@ -16,6 +16,7 @@ import grpc
 
 from devplug import _convert
 from devplug._device_plugin.telemetry import ResourceCounters
+from devplug._hooks import advertised_options
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
@@ -110,7 +111,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self._host_path_check: CheckMode = host_path_check
         self._host_root = host_root
         self._resource = plugin.resource_name
-        self._options = _convert.options_to_pb(plugin.options())
+        self._options = _convert.options_to_pb(advertised_options(type(plugin)))
         self._message_cache: tuple[int, pb.ListAndWatchResponse | None] = (-1, None)
         self._waits: set[anyio.CancelScope] = set()
         self._closed = False

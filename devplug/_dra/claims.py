@@ -28,6 +28,7 @@ from devplug._cdi_files import write_atomically
 from devplug._dra.checkpoint import PreparedClaim
 from devplug._dra.lock import DriverLock, LockTimeout, lock_wait
 from devplug._dra.names import cdi_device, cdi_kind, claim_spec_file
+from devplug._hooks import overrides
 from devplug.checks import HostPathError, check_host_paths
 from devplug.models import AllocatedDevice, CdiSpecFile, Claim, OpaqueConfig, PreparedDevice
 
@@ -179,7 +180,7 @@ class Preparer:
             for key, group in by_plugin.items():
                 plugin = plugins[key]
                 prepared = None
-                if plugin.prepares_claims():
+                if overrides(type(plugin), "prepare_claim"):
                     prepared = await plugin.prepare_claim(
                         full, group, [c for c in configs if _covers(c, group)]
                     )
@@ -373,7 +374,7 @@ class Preparer:
             return
         claim = Claim(uid=ref.uid, namespace=record.namespace, name=record.name)
         for plugin in self.inventory.plugins:
-            if plugin.resource_name in record.resources and plugin.unprepares_claims():
+            if plugin.resource_name in record.resources and overrides(type(plugin), "unprepare_claim"):
                 await plugin.unprepare_claim(claim)
         # One trip to a worker thread: the spec goes, then the checkpoint that recorded it.
         await anyio.to_thread.run_sync(self._forget, ref, record)
@@ -401,7 +402,7 @@ class Preparer:
         prepare's own error is the one the kubelet must see."""
         claim = Claim(uid=ref.uid, namespace=ref.namespace, name=ref.name)
         for plugin in reversed(plugins):
-            if not plugin.unprepares_claims():
+            if not overrides(type(plugin), "unprepare_claim"):
                 continue
             try:
                 await plugin.unprepare_claim(claim)

@@ -14,6 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from devplug import Device, Health, HealthSettings, KubeletError, PluginOptions, load_settings
+from devplug._hooks import advertised_options
 from devplug.testing import FakeKubelet
 from devplug.testing._process import signal_child
 from devplug_fake import FakePlugin, FakeResource, FakeSettings, PolicyFakePlugin
@@ -46,10 +47,10 @@ def test_flags_reach_the_resource() -> None:
 
 def test_preferred_allocation_is_offered_only_with_a_policy() -> None:
     assert type(FakePlugin(FakeResource())) is FakePlugin
-    assert FakePlugin(FakeResource()).options() == PluginOptions()
+    assert advertised_options(type(FakePlugin(FakeResource()))) == PluginOptions()
     plugin = FakePlugin(FakeResource(policy="packed"))
     assert isinstance(plugin, PolicyFakePlugin)
-    assert plugin.options() == PluginOptions(get_preferred_allocation_available=True)
+    assert advertised_options(type(plugin)) == PluginOptions(get_preferred_allocation_available=True)
 
 
 @pytest.mark.anyio

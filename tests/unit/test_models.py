@@ -1,11 +1,9 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-
 import pytest
 from pydantic import ValidationError
 
-from devplug import ContainerAllocation, Device, DevicePlugin, DeviceSpec, Health, Mount, PluginOptions
+from devplug import ContainerAllocation, Device, DevicePlugin, DeviceSpec, Health, Mount
 
 
 def test_device_defaults_and_numa_shorthand() -> None:
@@ -66,46 +64,6 @@ def test_container_allocation_cdi_names() -> None:
     for bad in ("gpu0", "example.com/gpu", "example.com/gpu=", "gpu=0"):
         with pytest.raises(ValidationError, match="fully qualified"):
             ContainerAllocation(cdi_devices=(bad,))
-
-
-class _Base(DevicePlugin):
-    resource_name = "example.com/x"
-
-    async def watch_devices(self) -> AsyncIterator[Sequence[Device]]:
-        yield []
-
-    async def allocate(self, devices: Sequence[Device]) -> ContainerAllocation:
-        return ContainerAllocation()
-
-
-class _WithPreferred(_Base):
-    async def preferred_allocation(
-        self, available: Sequence[Device], must_include: Sequence[Device], size: int
-    ) -> Sequence[str] | None:
-        return None
-
-
-class _WithPreStart(_Base):
-    async def pre_start_container(self, devices: Sequence[Device]) -> None:
-        return None
-
-
-class _WithBoth(_WithPreferred, _WithPreStart):
-    pass
-
-
-@pytest.mark.parametrize(
-    ("cls", "expected"),
-    [
-        (_Base, PluginOptions()),
-        (_WithPreferred, PluginOptions(get_preferred_allocation_available=True)),
-        (_WithPreStart, PluginOptions(pre_start_required=True)),
-        (_WithBoth, PluginOptions(get_preferred_allocation_available=True, pre_start_required=True)),
-    ],
-)
-def test_options_follow_overridden_hooks(cls: type[DevicePlugin], expected: PluginOptions) -> None:
-    assert cls.options() == expected
-    assert cls().options() == expected
 
 
 def test_plugin_requires_the_two_methods() -> None:
