@@ -15,8 +15,7 @@ import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import anyio
-
+from devplug._versioned import Versioned
 from devplug.testing._kubeapi.patch import apply as apply_patch
 from devplug.testing._kubeapi.patch import check_type, strict_error
 from devplug.testing._kubeapi.schema import decode
@@ -71,20 +70,17 @@ class Store:
         self.compacted = self.rv  # watches may start at this resourceVersion or later
         self.device_taints = device_taints
         self.partitionable_devices = partitionable_devices
-        self._changed: anyio.Event | None = None
+        self._changes = Versioned(None)
 
     # -- notification ----------------------------------------------------------------------------
 
     async def changed(self) -> None:
         """Return after the next write (or :meth:`poke`)."""
-        if self._changed is None:
-            self._changed = anyio.Event()
-        await self._changed.wait()
+        await self._changes.newer_than(self._changes.version)
 
     def poke(self) -> None:
-        event, self._changed = self._changed, None
-        if event is not None:
-            event.set()
+        """Wake every :meth:`changed` waiter."""
+        self._changes.bump()
 
     def compact(self) -> None:
         """Forget the event history, as etcd compaction does: older resourceVersions are gone."""

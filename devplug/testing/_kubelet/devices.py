@@ -23,6 +23,7 @@ import anyio
 import grpc
 import structlog
 
+from devplug._versioned import Versioned
 from devplug.testing._kubelet.resource import Endpoint, Registration, ResourceView
 from devplug.testing._kubelet.rpc import DialError, PluginClient, dial
 from devplug.testing._kubelet.validation import go_rpc_error
@@ -52,15 +53,13 @@ class DeviceManager:
         self.registrations: list[Registration] = []
         self.task_group: TaskGroup | None = None
         self._endpoints: set[Endpoint] = set()
-        self._changed: anyio.Event | None = None
+        self._changes = Versioned(None)
 
     # -- change notification ------------------------------------------------------------------
 
     def changed(self) -> None:
         """Wake every waiter: something they may be waiting for has changed."""
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
+        self._changes.bump()
 
     async def wait_until(
         self, check: Callable[[], T | None], describe: Callable[[], str], *, within: float | None
@@ -73,14 +72,7 @@ class DeviceManager:
         """
         try:
             with anyio.fail_after(within):
-                while True:
-                    if self._changed is None:
-                        self._changed = anyio.Event()
-                    event = self._changed
-                    result = check()
-                    if result is not None:
-                        return result
-                    await event.wait()
+                return await self._changes.wait_for(lambda _: check())
         except TimeoutError:
             raise TimeoutError(f"timed out after {within} s waiting for {describe()}") from None
 

@@ -17,6 +17,7 @@ import anyio
 import grpc
 import structlog
 
+from devplug._versioned import Versioned
 from devplug.testing._kubelet import dra_rpc as rpc
 from devplug.testing._kubelet.dra_health import HealthCache
 from devplug.testing._kubelet.dra_resource import DraInstance
@@ -61,14 +62,13 @@ class DraManager:
         self.health = HealthCache(lambda: timeouts.health_timeout)
         self.task_group: TaskGroup | None = None
         self._wipes: dict[str, anyio.CancelScope] = {}
-        self._changed: anyio.Event | None = None
+        self._changes = Versioned(None)
 
     # -- change notification ------------------------------------------------------------------
 
     def changed(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
+        """Wake every waiter: something they may be waiting for has changed."""
+        self._changes.bump()
 
     async def wait_until(
         self,
@@ -89,15 +89,13 @@ class DraManager:
         try:
             with anyio.fail_after(within):
                 while True:
-                    if self._changed is None:
-                        self._changed = anyio.Event()
-                    event = self._changed
+                    version = self._changes.version
                     result = check()
                     if result is not None:
                         return result
                     delay = wake()
                     with anyio.move_on_after(delay + 0.001 if delay is not None else None):
-                        await event.wait()
+                        await self._changes.newer_than(version)
         except TimeoutError:
             raise TimeoutError(f"timed out after {within} s waiting for {describe()}") from None
 
