@@ -233,7 +233,11 @@ class CdiDevice(_Model):
 
 
 class CdiSpec(_Model):
-    """A CDI spec file: the devices of one kind and what each does to a container.
+    """A CDI spec's content: the devices of one kind and what each does to a container.
+
+    devplug renders it (:meth:`to_json`) and names its file (:attr:`file_name`). A DRA driver's
+    ``prepare_claim`` that hands over a claim's spec hands over the file itself, a
+    :class:`devplug.dra.CdiSpecFile` (a name and a text: ``text=spec.to_json()``, or YAML).
 
     Leave ``cdi_version`` unset to have the lowest version the content needs written; a version
     given explicitly must be known and at least that.

@@ -9,6 +9,7 @@ from the wire types; nothing else in devplug touches protobuf.
 
 import enum
 import re
+import warnings
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -373,6 +374,18 @@ class Mount(_Frozen):
     read_only: bool = False
 
 
+def _qualified_cdi_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    for name in names:
+        kind, sep, device = name.partition("=")
+        if not sep or "/" not in kind or not device:
+            raise ValueError(f"CDI device name {name!r} is not fully qualified (vendor.com/class=name)")
+    return names
+
+
+_CdiNames = Annotated[tuple[str, ...], AfterValidator(_qualified_cdi_names)]
+"""Fully qualified CDI device names, as both APIs hand them to the container runtime."""
+
+
 class ContainerAllocation(_Frozen):
     """What one container gets for the devices it was given (one ``ContainerAllocateResponse``).
 
@@ -384,17 +397,8 @@ class ContainerAllocation(_Frozen):
     mounts: tuple[Mount, ...] = ()
     devices: tuple[DeviceSpec, ...] = ()
     annotations: dict[str, str] = Field(default_factory=dict)
-    cdi_devices: tuple[str, ...] = ()
+    cdi_devices: _CdiNames = ()
     """Fully qualified CDI device names (``vendor.com/class=name``)."""
-
-    @field_validator("cdi_devices")
-    @classmethod
-    def _qualified(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        for name in names:
-            kind, sep, device = name.partition("=")
-            if not sep or "/" not in kind or not device:
-                raise ValueError(f"CDI device name {name!r} is not fully qualified (vendor.com/class=name)")
-        return names
 
 
 class PluginOptions(_Frozen):
@@ -463,11 +467,16 @@ _SPEC_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,250}\.(json|yaml)")
 
 
 class CdiSpecFile(_Frozen):
-    """A CDI spec file that devplug writes for a prepared claim, on behalf of ``prepare_claim``.
+    """A finished CDI spec file, its name and its text, that a ``prepare_claim`` hook hands over
+    for devplug to write with the claim.
 
-    Written (atomically) into the CDI directory before the kubelet is answered and recorded in
-    the driver's checkpoint with the claim: a repeated prepare writes it again when it has gone
-    missing (a reboot empties ``/var/run/cdi``), and unprepare removes it.
+    Not :class:`devplug.cdi.CdiSpec`: that is a spec's content as a model, which devplug renders,
+    names and writes itself (for :meth:`~devplug.DevicePlugin.cdi_spec`, and for a claim's
+    default preparation). A hook renders its own spec however it likes (``CdiSpec.to_json()``,
+    or YAML of its own) and hands over the file. devplug writes it (atomically) into the CDI
+    directory before the kubelet is answered and records it in the driver's checkpoint with the
+    claim: a repeated prepare writes it again when it has gone missing (a reboot empties
+    ``/var/run/cdi``), and unprepare removes it.
     """
 
     name: str
@@ -487,17 +496,55 @@ class CdiSpecFile(_Frozen):
         return name
 
 
+_RENAMED_PREPARED_FIELDS = {"cdi_device_ids": "cdi_devices", "cdi_spec": "cdi_spec_file"}
+
+
+def _renamed(model: str, old: str, new: str, *, depth: int) -> None:
+    """Warn that ``old`` is now ``new``, naming the line ``depth`` calls above the caller."""
+    warnings.warn(f"{model}.{old} is deprecated: use {new}", DeprecationWarning, stacklevel=depth + 2)
+
+
 class PreparedDevice(_Frozen):
-    """What :meth:`~devplug.DevicePlugin.prepare_claim` returns per allocated device."""
+    """What :meth:`~devplug.DevicePlugin.prepare_claim` returns per allocated device.
+
+    The old field names ``cdi_device_ids`` and ``cdi_spec`` are still accepted, and read, with a
+    DeprecationWarning.
+    """
 
     name: str
     """The device's name in the ResourceSlice (:attr:`AllocatedDevice.name`)."""
     requests: tuple[str, ...] = ()
     """The requests it serves (empty: every request of the claim that uses it)."""
-    cdi_device_ids: tuple[str, ...] = ()
+    cdi_devices: _CdiNames = ()
     """Fully qualified CDI device names (``vendor.com/class=name``) the runtime applies to every
-    container that uses the device; their specs must exist before the container starts."""
-    cdi_spec: CdiSpecFile | None = None
-    """A spec file defining ``cdi_device_ids`` for devplug to write, keep and remove with the
+    container that uses the device; their specs must exist before the container starts. The
+    same as :attr:`ContainerAllocation.cdi_devices`."""
+    cdi_spec_file: CdiSpecFile | None = None
+    """A spec file defining ``cdi_devices`` for devplug to write, keep and remove with the
     claim (instead of the hook writing one itself). Devices of one claim may carry the same
     file (same name, same text); a claim has at most one such file."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not _RENAMED_PREPARED_FIELDS.keys().isdisjoint(data):
+            data = dict(data)
+            for old, new in _RENAMED_PREPARED_FIELDS.items():
+                if old in data:
+                    if new in data:
+                        raise ValueError(f"give {new} or {old}, not both")
+                    _renamed("PreparedDevice", old, new, depth=2)  # through BaseModel.__init__
+                    data[new] = data.pop(old)
+        return data
+
+    @property
+    def cdi_device_ids(self) -> tuple[str, ...]:
+        """Deprecated: :attr:`cdi_devices`."""
+        _renamed("PreparedDevice", "cdi_device_ids", "cdi_devices", depth=1)
+        return self.cdi_devices
+
+    @property
+    def cdi_spec(self) -> CdiSpecFile | None:
+        """Deprecated: :attr:`cdi_spec_file`."""
+        _renamed("PreparedDevice", "cdi_spec", "cdi_spec_file", depth=1)
+        return self.cdi_spec_file

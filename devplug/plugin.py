@@ -151,13 +151,13 @@ class DevicePlugin(abc.ABC):
         and claim configs meant for this driver (class first, then claim: later entries win).
         Return None for devplug's default preparation (``allocate`` per request, written as a
         CDI spec for the claim), or one :class:`PreparedDevice` per device with the CDI names
-        it needs (and, in ``cdi_spec``, the spec file defining them, for devplug to write, keep
-        and remove with the claim). The answer is checkpointed: a repeated prepare of the claim
-        returns it again without calling this hook (rewriting a handed-over spec file that has
-        gone missing). Raising fails the claim's preparation with the message. When the claim
-        fails after this hook returned (the checkpoint cannot be written, the answer is
-        refused, a spec conflicts, another resource's hook raises), :meth:`unprepare_claim` is
-        called to undo it; a hook that raises cleans up after itself.
+        it needs in ``cdi_devices`` (and, in ``cdi_spec_file``, the spec file defining them, for
+        devplug to write, keep and remove with the claim). The answer is checkpointed: a
+        repeated prepare of the claim returns it again without calling this hook (rewriting a
+        handed-over spec file that has gone missing). Raising fails the claim's preparation
+        with the message. When the claim fails after this hook returned (the checkpoint cannot
+        be written, the answer is refused, a spec conflicts, another resource's hook raises),
+        :meth:`unprepare_claim` is called to undo it; a hook that raises cleans up after itself.
         """
         return None
 

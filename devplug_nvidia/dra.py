@@ -260,8 +260,8 @@ class NvidiaDraPlugin(DevicePlugin):
             PreparedDevice(
                 name=d.name,
                 requests=(d.request,),
-                cdi_device_ids=(claim_device_id(self.driver, claim.uid, d.name),),
-                cdi_spec=spec,
+                cdi_devices=(claim_device_id(self.driver, claim.uid, d.name),),
+                cdi_spec_file=spec,
             )
             for d in devices
         ]

@@ -289,9 +289,7 @@ class Preparer:
             ids = (f"{kind}={name}", *allocation.cdi_devices)
             for i, device in enumerate(members):
                 answer.append(
-                    PreparedDevice(
-                        name=device.name, requests=(request,), cdi_device_ids=ids if i == 0 else ()
-                    )
+                    PreparedDevice(name=device.name, requests=(request,), cdi_devices=ids if i == 0 else ())
                 )
         return answer
 
@@ -489,7 +487,7 @@ def _handed_spec(
 ) -> CdiSpecFile | None:
     """The one spec file ``prepared`` (and the earlier answers, ``found``) hand over, if any."""
     for item in prepared:
-        spec = item.cdi_spec
+        spec = item.cdi_spec_file
         if spec is None or spec == found:
             continue
         if found is not None:
@@ -539,7 +537,7 @@ def _answer(
                 "requests": requests,
                 "pool": node,
                 "device": item.name,
-                "cdiDeviceIds": list(item.cdi_device_ids),
+                "cdiDeviceIds": list(item.cdi_devices),
                 "adminAccess": device.admin_access,
                 **({"shareID": device.share_id} if device.share_id else {}),
             }

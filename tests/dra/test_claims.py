@@ -212,9 +212,7 @@ class Hooked(Widgets):
         self.seen.append((claim, [d.name for d in devices], list(config)))
         if claim.name == "c-default":
             return None
-        return [
-            PreparedDevice(name=d.name, cdi_device_ids=(f"example.com/widget={d.name}",)) for d in devices
-        ]
+        return [PreparedDevice(name=d.name, cdi_devices=(f"example.com/widget={d.name}",)) for d in devices]
 
     async def unprepare_claim(self, claim: Claim) -> None:
         self.unprepared.append(claim.uid)

@@ -46,7 +46,7 @@ class Reversible(Widgets):
         if answer is not None:
             return list(answer(devices))
         return [
-            PreparedDevice(name=d.name, cdi_device_ids=("k8s.x/claim=a",), cdi_spec=SPEC) for d in devices
+            PreparedDevice(name=d.name, cdi_devices=("k8s.x/claim=a",), cdi_spec_file=SPEC) for d in devices
         ]
 
     async def unprepare_claim(self, claim: Claim) -> None:
@@ -90,7 +90,8 @@ def stranger(devices: Sequence[AllocatedDevice]) -> list[PreparedDevice]:
 def two_specs(devices: Sequence[AllocatedDevice]) -> list[PreparedDevice]:
     other = CdiSpecFile(name="other.json", text="{}")
     return [
-        PreparedDevice(name=d.name, cdi_spec=spec) for d, spec in zip(devices, (SPEC, other), strict=False)
+        PreparedDevice(name=d.name, cdi_spec_file=spec)
+        for d, spec in zip(devices, (SPEC, other), strict=False)
     ]
 
 

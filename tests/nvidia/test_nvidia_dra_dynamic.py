@@ -136,7 +136,7 @@ def test_without_the_gate_mig_stays_static(tmp_path: Path) -> None:
 
 
 def _spec(prepared: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load(prepared[0].cdi_spec.text)
+    doc: dict[str, Any] = yaml.safe_load(prepared[0].cdi_spec_file.text)
     return doc
 
 
