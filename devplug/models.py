@@ -10,7 +10,7 @@ from the wire types; nothing else in devplug touches protobuf.
 import enum
 import re
 import warnings
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from devplug._names import LABEL_MAX, QUALIFIED_NAME, is_dns_label, is_dns_subdomain, is_qualified_name
+from devplug._resource_claim import ResourceClaimDict
 
 __all__ = [
     "AllocatedDevice",
@@ -40,6 +41,7 @@ __all__ = [
     "OpaqueConfig",
     "PluginOptions",
     "PreparedDevice",
+    "ResourceClaimDict",
     "Version",
 ]
 
@@ -411,15 +413,24 @@ class PluginOptions(_Frozen):
 # -- DRA: claims and what preparing them returns (devplug.dra) ----------------------------------
 
 
+if TYPE_CHECKING:
+    _ResourceClaim = ResourceClaimDict
+else:
+    # pydantic checks the object as the plain dict it is at run time: as a TypedDict it would be
+    # validated field by field on every prepare, and the fields it does not name dropped.
+    _ResourceClaim = dict[str, Any]
+
+
 class Claim(_Frozen):
     """A ResourceClaim the kubelet asks the driver to prepare or unprepare."""
 
     uid: str
     namespace: str
     name: str
-    resource_claim: dict[str, Any] | None = None
-    """The ResourceClaim object as read from the API server at prepare (None at unprepare: the
-    claim may be gone by then, and unprepare never reads the API)."""
+    resource_claim: _ResourceClaim | None = None
+    """The ResourceClaim object as read from the API server at prepare, every field kept (None
+    at unprepare: the claim may be gone by then, and unprepare never reads the API). Typed as a
+    :class:`ResourceClaimDict`: ``claim.resource_claim["status"]["allocation"]`` and so on."""
 
 
 class AllocatedDevice(_Frozen):

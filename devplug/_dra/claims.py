@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from devplug._dra.checkpoint import Checkpoint
     from devplug._dra.inventory import Inventory
+    from devplug._resource_claim import ResourceClaimDict
     from devplug.cdi import CdiSpec
     from devplug.checks import CheckMode
     from devplug.models import ContainerAllocation
@@ -172,7 +173,8 @@ class Preparer:
         plugins = {id(p): p for p in self.inventory.plugins}
         for device in devices:
             by_plugin.setdefault(id(entries[device.name].plugin), []).append(device)
-        full = Claim(uid=ref.uid, namespace=ref.namespace, name=ref.name, resource_claim=claim)
+        resource = cast("ResourceClaimDict", claim)  # what the API server sent, checked above
+        full = Claim(uid=ref.uid, namespace=ref.namespace, name=ref.name, resource_claim=resource)
         edits: dict[str, ContainerAllocation] = {}
         own_spec: CdiSpecFile | None = None  # a spec file a prepare_claim hook handed over
         done_by: list[DevicePlugin] = []  # the plugins whose part of the claim is done

@@ -58,7 +58,9 @@ def test_the_shared_runtime_never_imports_a_service() -> None:
     assert not bad
 
 
-@pytest.mark.parametrize("module", ["models", "errors", "policies", "topology", "cdi", "health"])
+@pytest.mark.parametrize(
+    "module", ["models", "errors", "policies", "topology", "cdi", "health", "_hooks", "_resource_claim"]
+)
 def test_pure_modules_have_no_grpc(module: str) -> None:
     bad = ("grpc", "devplug._proto", "devplug._runtime", "devplug._device_plugin")
     assert not _forbidden([ROOT / "devplug" / f"{module}.py"], bad)
