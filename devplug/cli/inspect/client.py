@@ -2,7 +2,9 @@
 
 Works with any plugin, not only devplug's: everything it received is kept as sent (health
 strings included), and every failure is an :class:`InspectError` with one line saying what is
-wrong with the socket, so the command can print it instead of a traceback.
+wrong with the socket, so the command can print it instead of a traceback. The calls go through
+the fake kubelet's client (:class:`devplug.testing._kubelet.rpc.PluginClient`), imported when
+a connection is made.
 """
 
 from __future__ import annotations
@@ -13,24 +15,18 @@ import signal
 import socket
 import stat
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import grpc
 
-from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
-from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from devplug.models import PluginOptions
-
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import Awaitable, Sequence
 
-# The kubelet dials without keepalive and with gRPC-Go's default 4 MiB receive limit: a
-# larger ListAndWatch message fails here exactly as it fails there.
-_CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 4 * 1024 * 1024),
-    ("grpc.enable_http_proxy", 0),
-]
+    from devplug.models import PluginOptions
+    from devplug.testing._kubelet.rpc import DeviceLists
+
+T = TypeVar("T")
 _MAX_UNIX_PATH = 107  # sun_path is 108 bytes on Linux, one of which is the terminating NUL
 
 
@@ -89,21 +85,25 @@ def check_socket(path: str) -> str:
 
 
 class PluginConnection:
-    """A gRPC channel to one plugin socket and the calls the kubelet makes, each with a deadline."""
+    """A gRPC channel to one plugin socket and the calls the kubelet makes, each with a deadline.
+
+    The channel has the kubelet's options (no keepalive, gRPC-Go's 4 MiB receive limit): a
+    larger ListAndWatch message fails here exactly as it fails there.
+    """
 
     def __init__(self, path: str, *, timeout: float) -> None:
+        from devplug.testing._kubelet.rpc import PluginClient, open_channel
+
         self.path = path
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(f"unix:{path}", options=_CHANNEL_OPTIONS)
-        self._stub: Any = pb_grpc.DevicePluginStub(self._channel)
-        self._stream: Any = None
-        self._messages: AsyncIterator[pb.ListAndWatchResponse]
+        self._client = PluginClient(open_channel(path), deadline=timeout)
+        self._stream: DeviceLists | None = None
 
     async def close(self) -> None:
         """Cancel the ListAndWatch stream, if any, and close the channel."""
         if self._stream is not None:
             self._stream.cancel()
-        await self._channel.close(None)
+        await self._client.close()
 
     async def options(self) -> PluginOptions:
         """GetDevicePluginOptions: the first call, so its failure says what the socket is.
@@ -112,10 +112,7 @@ class PluginConnection:
             InspectError: not gRPC, not the device plugin service, or no answer in time.
         """
         try:
-            reply = cast(
-                "pb.DevicePluginOptions",
-                await self._stub.GetDevicePluginOptions(pb.Empty(), timeout=self.timeout),
-            )
+            return await self._client.get_options()
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             if code is grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -130,12 +127,8 @@ class PluginConnection:
                     "speaks gRPC but not the device plugin protocol (GetDevicePluginOptions: UNIMPLEMENTED)"
                 )
             else:
-                reason = f"GetDevicePluginOptions failed: {_status(exc)}"
+                reason = f"GetDevicePluginOptions failed: {status(exc)}"
             raise InspectError(f"{self.path}: {reason}") from None
-        return PluginOptions(
-            pre_start_required=reply.pre_start_required,
-            get_preferred_allocation_available=reply.get_preferred_allocation_available,
-        )
 
     async def next_list(self, *, within: float | None) -> list[SeenDevice] | None:
         """The next ListAndWatch message (the stream opens on the first call); ``None`` on timeout.
@@ -145,12 +138,11 @@ class PluginConnection:
                 every device unhealthy).
         """
         if self._stream is None:
-            self._stream = self._stub.ListAndWatch(pb.Empty())
-            self._messages = aiter(self._stream)
-        message: pb.ListAndWatchResponse | None = None
+            self._stream = self._client.list_and_watch()
+        devices = None
         try:
             with anyio.move_on_after(within):
-                message = await anext(self._messages)
+                devices = await anext(self._stream)
         except StopAsyncIteration:
             raise InspectError(
                 f"{self.path}: the plugin ended ListAndWatch (the kubelet marks every device unhealthy)"
@@ -161,64 +153,37 @@ class PluginConnection:
                 if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
                 else ""
             )
-            raise InspectError(f"{self.path}: ListAndWatch failed: {_status(exc)}{hint}") from None
-        if message is None:
+            raise InspectError(f"{self.path}: ListAndWatch failed: {status(exc)}{hint}") from None
+        if devices is None:
             return None
-        return [SeenDevice(d.ID, d.health, tuple(n.ID for n in d.topology.nodes)) for d in message.devices]
+        return [SeenDevice(*device) for device in devices]
 
     async def allocate(self, device_ids: Sequence[str]) -> list[dict[str, Any]]:
         """Allocate for one container, as at pod admission; every container response, as sent."""
-        request = pb.AllocateRequest(
-            container_requests=[pb.ContainerAllocateRequest(devices_ids=list(device_ids))]
-        )
-        reply = cast("pb.AllocateResponse", await self._call("Allocate", request))
-        return [_allocation(r) for r in reply.container_responses]
+        responses = await _call("Allocate", self._client.allocate([device_ids]))
+        # Plain data, as sent: inspect shows what a plugin answers even where devplug would refuse it.
+        return [response.model_dump(mode="json") for response in responses]
 
     async def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str] | None:
         """GetPreferredAllocation for one container; ``None`` when it answered no container response."""
-        request = pb.PreferredAllocationRequest(
-            container_requests=[
-                pb.ContainerPreferredAllocationRequest(
-                    available_deviceIDs=list(available),
-                    must_include_deviceIDs=list(must_include),
-                    allocation_size=size,
-                )
-            ]
-        )
-        reply = cast("pb.PreferredAllocationResponse", await self._call("GetPreferredAllocation", request))
-        return list(reply.container_responses[0].deviceIDs) if reply.container_responses else None
+        return await _call("GetPreferredAllocation", self._client.preferred(available, must_include, size))
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
         """PreStartContainer with one container's device IDs."""
-        await self._call("PreStartContainer", pb.PreStartContainerRequest(devices_ids=list(device_ids)))
-
-    async def _call(self, method: str, request: object) -> object:
-        try:
-            return cast("object", await getattr(self._stub, method)(request, timeout=self.timeout))
-        except grpc.aio.AioRpcError as exc:
-            raise InspectError(f"{method} failed: {_status(exc)}") from None
+        await _call("PreStartContainer", self._client.pre_start(device_ids))
 
 
-def _allocation(message: pb.ContainerAllocateResponse) -> dict[str, Any]:
-    # Plain data, as sent: inspect shows what a plugin answers even where devplug would refuse it.
-    return {
-        "envs": dict(message.envs),
-        "mounts": [
-            {"container_path": m.container_path, "host_path": m.host_path, "read_only": m.read_only}
-            for m in message.mounts
-        ],
-        "devices": [
-            {"container_path": d.container_path, "host_path": d.host_path, "permissions": d.permissions}
-            for d in message.devices
-        ],
-        "annotations": dict(message.annotations),
-        "cdi_devices": [c.name for c in message.cdi_devices],
-    }
+async def _call(method: str, call: Awaitable[T]) -> T:
+    try:
+        return await call
+    except grpc.aio.AioRpcError as exc:
+        raise InspectError(f"{method} failed: {status(exc)}") from None
 
 
-def _status(exc: grpc.aio.AioRpcError) -> str:
+def status(exc: grpc.aio.AioRpcError) -> str:
+    """A failed call's status for a message: its code and the first line of its details."""
     return f"{exc.code().name}: {_first_line(exc.details())}"
 
 

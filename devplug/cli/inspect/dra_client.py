@@ -2,35 +2,26 @@
 
 :func:`detect` tells a DRA socket from a device plugin's: a registration socket answers GetInfo
 with type ``DRAPlugin``; a DRA endpoint answers an empty NodePrepareResources (which every
-driver must answer with an empty map). The calls themselves go through the testing kit's DRA
-client (:mod:`devplug.testing._kubelet.dra_rpc`), imported only when a DRA socket was found.
+driver must answer with an empty map). Every call goes through the fake kubelet's clients
+(:mod:`devplug.testing._kubelet.rpc`, :mod:`devplug.testing._kubelet.dra_rpc`), imported when a
+socket is looked at.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from devplug._proto.dra.v1 import api_pb2 as dra_v1
-from devplug._proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
-from devplug._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
-from devplug._proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
-from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
-from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
-from devplug.cli.inspect.client import InspectError, check_socket
+from devplug.cli.inspect.client import InspectError, check_socket, status
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Sequence
 
     from devplug.testing._kubelet.dra_resource import ClaimRef, ClaimResult, HealthReport
 
-_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 4 * 1024 * 1024), ("grpc.enable_http_proxy", 0)]
-_PROBES = (
-    ("v1.DRAPlugin", dra_v1, dra_v1_grpc),
-    ("v1beta1.DRAPlugin", dra_v1beta1, dra_v1beta1_grpc),
-)
+T = TypeVar("T")
 _NOT_DRA = (grpc.StatusCode.UNIMPLEMENTED,)
 
 
@@ -48,19 +39,18 @@ class DraTarget:
     """GetInfo's ``supported_versions``, or the DRAPlugin services that answered on a bare endpoint."""
 
 
-def _channel(path: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(f"unix:{path}", options=_CHANNEL_OPTIONS)
-
-
 async def detect(path: str, *, timeout: float) -> DraTarget | None:
     """The DRA socket at ``path``, or ``None`` for anything else (a device plugin, or not gRPC).
 
     Raises:
         InspectError: a DRA registration socket whose endpoint is not there.
     """
-    async with _channel(path) as channel:
+    from devplug.testing._kubelet.dra_validation import DRA_SERVICES
+    from devplug.testing._kubelet.rpc import RegistrationInfoClient, open_channel
+
+    async with open_channel(path) as channel:
         try:
-            info = await reg_pb_grpc.RegistrationStub(channel).GetInfo(reg_pb.InfoRequest(), timeout=timeout)
+            info = await RegistrationInfoClient(channel).get_info(deadline=timeout)
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in _NOT_DRA:
                 return None  # not gRPC, hung, or broken: the device-plugin path says which
@@ -80,17 +70,15 @@ async def detect(path: str, *, timeout: float) -> DraTarget | None:
                 except InspectError as problem:
                     raise InspectError(f"{path}: GetInfo names endpoint {problem}") from None
             return DraTarget(path, endpoint, info_doc, tuple(info.supported_versions))
-        served = [
-            service for service, pb, pb_grpc in _PROBES if await _answers(channel, pb, pb_grpc, timeout)
-        ]
+        served = [service for service in DRA_SERVICES if await _answers(channel, service, timeout)]
     return DraTarget(path, path, None, tuple(served)) if served else None
 
 
-async def _answers(channel: grpc.aio.Channel, pb: Any, pb_grpc: Any, timeout: float) -> bool:
+async def _answers(channel: grpc.aio.Channel, service: str, timeout: float) -> bool:
+    from devplug.testing._kubelet import dra_rpc
+
     try:
-        await pb_grpc.DRAPluginStub(channel).NodePrepareResources(
-            pb.NodePrepareResourcesRequest(), timeout=timeout
-        )
+        await dra_rpc.prepare(channel, service, (), deadline=timeout)
     except grpc.aio.AioRpcError:
         return False
     return True
@@ -100,9 +88,11 @@ class DraConnection:
     """A channel to a DRA endpoint and the kubelet's calls on it, each with a deadline."""
 
     def __init__(self, endpoint: str, *, timeout: float) -> None:
+        from devplug.testing._kubelet.rpc import open_channel
+
         self.endpoint = endpoint
         self.timeout = timeout
-        self._channel = _channel(endpoint)
+        self._channel = open_channel(endpoint)
 
     async def close(self) -> None:
         await self._channel.close(None)
@@ -113,12 +103,10 @@ class DraConnection:
         Raises:
             InspectError: the call failed.
         """
-        from devplug.testing._kubelet import dra_rpc as _dra_rpc
+        from devplug.testing._kubelet import dra_rpc
 
-        try:
-            return await _dra_rpc.prepare(self._channel, service, claims, deadline=self.timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise InspectError(str(_dra_rpc.rpc_error("NodePrepareResources", exc))) from None
+        call = dra_rpc.prepare(self._channel, service, claims, deadline=self.timeout)
+        return await _call("NodePrepareResources", call)
 
     async def unprepare(self, service: str, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """NodeUnprepareResources on ``service``; each answered claim UID and its error.
@@ -126,12 +114,10 @@ class DraConnection:
         Raises:
             InspectError: the call failed.
         """
-        from devplug.testing._kubelet import dra_rpc as _dra_rpc
+        from devplug.testing._kubelet import dra_rpc
 
-        try:
-            return await _dra_rpc.unprepare(self._channel, service, claims, deadline=self.timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise InspectError(str(_dra_rpc.rpc_error("NodeUnprepareResources", exc))) from None
+        call = dra_rpc.unprepare(self._channel, service, claims, deadline=self.timeout)
+        return await _call("NodeUnprepareResources", call)
 
     async def health(self, service: str) -> AsyncIterator[tuple[HealthReport, ...]]:
         """NodeWatchResources on ``service``: every message until the stream ends.
@@ -139,15 +125,26 @@ class DraConnection:
         Raises:
             InspectError: the stream failed, or the driver ended it.
         """
-        from devplug.testing._kubelet import dra_rpc as _dra_rpc
+        from devplug.testing._kubelet import dra_rpc
 
         try:
-            async for reports in _dra_rpc.watch_health(self._channel, service):
+            async for reports in dra_rpc.watch_health(self._channel, service):
                 yield reports
         except grpc.aio.AioRpcError as exc:
-            status = f"{exc.code().name}: {(exc.details() or 'no details').splitlines()[0]}"
-            raise InspectError(f"{self.endpoint}: NodeWatchResources ({service}) failed: {status}") from None
+            raise InspectError(
+                f"{self.endpoint}: NodeWatchResources ({service}) failed: {status(exc)}"
+            ) from None
         raise InspectError(
             f"{self.endpoint}: the driver ended NodeWatchResources (the kubelet drops its health "
             "and reopens the stream 5 s later)"
         )
+
+
+async def _call(method: str, call: Awaitable[T]) -> T:
+    """``call``'s answer; its failure in the kubelet's words."""
+    from devplug.testing._kubelet import dra_rpc
+
+    try:
+        return await call
+    except grpc.aio.AioRpcError as exc:
+        raise InspectError(str(dra_rpc.rpc_error(method, exc))) from None

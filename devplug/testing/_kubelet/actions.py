@@ -235,9 +235,10 @@ class KubeletActions:
                 "FAILED_PRECONDITION",
             )
         try:
-            return await endpoint.client.preferred(available, must_include, size)
+            chosen = await endpoint.client.preferred(available, must_include, size)
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc) from None
+        return [] if chosen is None else chosen
 
     async def pre_start(self, resource: str, device_ids: Sequence[str]) -> None:
         """Call PreStartContainer with the kubelet's 30 s deadline (``pre_start_timeout``).

@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
     from devplug.models import PluginOptions
-    from devplug.testing._kubelet.resource import RawDevice
 
 log = structlog.get_logger(__name__)
 
@@ -162,10 +161,7 @@ class DeviceManager:
         bound = log.bind(resource=endpoint.resource, socket=endpoint.path)
         try:
             with endpoint.scope:
-                async for message in endpoint.client.list_and_watch():
-                    devices: list[RawDevice] = [
-                        (d.ID, d.health, tuple(n.ID for n in d.topology.nodes)) for d in message.devices
-                    ]
+                async for devices in endpoint.client.list_and_watch():
                     endpoint.raw_lists.append(devices)
                     endpoint.received_at.append(time.monotonic())
                     view = self.resources.get(endpoint.resource)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-import grpc
-
 from devplug._proto.dra.v1 import api_pb2 as dra_v1
 from devplug._proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from devplug._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
@@ -19,6 +17,7 @@ from devplug._proto.drahealth.v1 import api_pb2_grpc as health_v1_grpc
 from devplug._proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from devplug._proto.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from devplug.errors import KubeletError
+from devplug.testing._kubelet import rpc
 from devplug.testing._kubelet.dra_resource import ClaimDevice, ClaimResult, HealthReport
 from devplug.testing._kubelet.dra_validation import HEALTH_V1
 from devplug.testing._kubelet.validation import go_rpc_error
@@ -26,6 +25,8 @@ from devplug.testing._kubelet.validation import go_rpc_error
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
     from types import ModuleType
+
+    import grpc
 
     from devplug.testing._kubelet.dra_resource import ClaimRef, HealthName
 
@@ -35,20 +36,18 @@ _MODULES: dict[str, tuple[ModuleType, ModuleType]] = {
 }
 _HEALTH: dict[int, HealthName] = {1: "Healthy", 2: "Unhealthy"}
 
-# gRPC-Go's defaults, which the kubelet keeps: no keepalive, 4 MiB receive limit, and a
-# reconnect back-off from 1 s growing to 120 s.
-_CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 4 * 1024 * 1024),
-    ("grpc.enable_http_proxy", 0),
+# gRPC-Go's reconnect back-off, which the kubelet keeps: from 1 s growing to 120 s (its other
+# defaults are every channel's, see rpc.open_channel).
+_RECONNECT = (
     ("grpc.initial_reconnect_backoff_ms", 1000),
     ("grpc.min_reconnect_backoff_ms", 1000),
     ("grpc.max_reconnect_backoff_ms", 120_000),
-]
+)
 
 
 def open_channel(endpoint: str) -> grpc.aio.Channel:
     """A channel to ``unix:<endpoint>`` (kubelet >= 1.34 prepends ``unix:`` itself); connects lazily."""
-    return grpc.aio.insecure_channel(f"unix:{endpoint}", options=_CHANNEL_OPTIONS)
+    return rpc.open_channel(endpoint, *_RECONNECT)
 
 
 def rpc_error(method: str, exc: grpc.aio.AioRpcError) -> KubeletError:

@@ -11,10 +11,7 @@ import anyio
 from devplug.models import Device, Health, PluginOptions
 
 if TYPE_CHECKING:
-    from devplug.testing._kubelet.rpc import PluginClient
-
-RawDevice = tuple[str, str, tuple[int, ...]]
-"""One device as received: (ID, health string exactly as sent, NUMA node IDs)."""
+    from devplug.testing._kubelet.rpc import PluginClient, RawDevice
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """The fake kubelet's gRPC plumbing: typed clients and the Registration server.
 
 The generated ``*_pb2_grpc`` modules are untyped; this is the only module of the testing kit
-that touches them, so the rest of the kit sees typed methods and plain models.
+that touches them, so the rest of the kit sees typed methods and plain models. ``devplug
+inspect`` talks to a plugin through the same client (:class:`PluginClient`), with a deadline on
+every call.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from devplug.errors import KubeletError
 from devplug.models import ContainerAllocation, DeviceSpec, Mount, PluginOptions
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
     from typing import TypeAlias
 
     RegisterHandler: TypeAlias = Callable[
@@ -33,6 +35,9 @@ _CHANNEL_OPTIONS = [
     ("grpc.enable_http_proxy", 0),
 ]
 
+RawDevice = tuple[str, str, tuple[int, ...]]
+"""One device as received: (ID, health string exactly as sent, NUMA node IDs)."""
+
 
 class DialError(Exception):
     """A unix socket did not accept a gRPC connection in time."""
@@ -43,6 +48,12 @@ def error_from_rpc(exc: grpc.aio.AioRpcError) -> KubeletError:
     return KubeletError(exc.details() or "", exc.code().name)
 
 
+def open_channel(path: str, *options: tuple[str, int]) -> grpc.aio.Channel:
+    """A channel to the unix socket ``path`` with the kubelet's options (and ``options``); it
+    connects on first use."""
+    return grpc.aio.insecure_channel(f"unix:{path}", options=[*_CHANNEL_OPTIONS, *options])
+
+
 async def dial(path: str, *, within: float) -> grpc.aio.Channel:
     """Open a channel to the unix socket ``path`` and wait until it is connected.
 
@@ -51,7 +62,7 @@ async def dial(path: str, *, within: float) -> grpc.aio.Channel:
     Raises:
         DialError: with Go's text for an expired dial context.
     """
-    channel = grpc.aio.insecure_channel(f"unix:{path}", options=_CHANNEL_OPTIONS)
+    channel = open_channel(path)
     try:
         with anyio.fail_after(within):
             await channel.channel_ready()
@@ -67,31 +78,47 @@ async def dial(path: str, *, within: float) -> grpc.aio.Channel:
 
 
 class PluginClient:
-    """The kubelet's side of one connection to a plugin's ``v1beta1.DevicePlugin`` service."""
+    """The kubelet's side of one connection to a plugin's ``v1beta1.DevicePlugin`` service.
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    Args:
+        deadline: seconds each call may take; None for none, as the kubelet, which makes every
+            call but PreStartContainer with a background context.
+
+    Every call raises ``grpc.aio.AioRpcError`` when it fails.
+    """
+
+    def __init__(self, channel: grpc.aio.Channel, *, deadline: float | None = None) -> None:
         self.channel = channel
+        self.deadline = deadline
         self._stub: Any = pb_grpc.DevicePluginStub(channel)
 
     async def get_options(self) -> PluginOptions:
-        # No deadline: the kubelet uses a background context for this call.
-        reply = cast("pb.DevicePluginOptions", await self._stub.GetDevicePluginOptions(pb.Empty()))
+        reply = cast(
+            "pb.DevicePluginOptions",
+            await self._stub.GetDevicePluginOptions(pb.Empty(), timeout=self.deadline),
+        )
         return PluginOptions(
             pre_start_required=reply.pre_start_required,
             get_preferred_allocation_available=reply.get_preferred_allocation_available,
         )
 
-    def list_and_watch(self) -> AsyncIterable[pb.ListAndWatchResponse]:
-        return cast("AsyncIterable[pb.ListAndWatchResponse]", self._stub.ListAndWatch(pb.Empty()))
+    def list_and_watch(self) -> DeviceLists:
+        """Open the ListAndWatch stream (never with a deadline: it lasts as long as the connection)."""
+        return DeviceLists(self._stub.ListAndWatch(pb.Empty()))
 
     async def allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
+        """One AllocateRequest with a container request per item; every container response, as sent."""
         request = pb.AllocateRequest(
             container_requests=[pb.ContainerAllocateRequest(devices_ids=list(ids)) for ids in requests]
         )
-        reply = cast("pb.AllocateResponse", await self._stub.Allocate(request))
+        reply = cast("pb.AllocateResponse", await self._stub.Allocate(request, timeout=self.deadline))
         return [_allocation(r) for r in reply.container_responses]
 
-    async def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+    async def preferred(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str] | None:
+        """GetPreferredAllocation for one container: the first container response's choice (the
+        kubelet reads only that one), or None when the plugin answered no container response."""
         request = pb.PreferredAllocationRequest(
             container_requests=[
                 pb.ContainerPreferredAllocationRequest(
@@ -101,16 +128,40 @@ class PluginClient:
                 )
             ]
         )
-        reply = cast("pb.PreferredAllocationResponse", await self._stub.GetPreferredAllocation(request))
-        # The kubelet reads the first container response and treats none as "no preference".
-        return list(reply.container_responses[0].deviceIDs) if reply.container_responses else []
+        reply = cast(
+            "pb.PreferredAllocationResponse",
+            await self._stub.GetPreferredAllocation(request, timeout=self.deadline),
+        )
+        return list(reply.container_responses[0].deviceIDs) if reply.container_responses else None
 
-    async def pre_start(self, device_ids: Sequence[str], *, deadline: float) -> None:
+    async def pre_start(self, device_ids: Sequence[str], *, deadline: float | None = None) -> None:
+        """PreStartContainer with one container's device IDs; ``deadline`` overrides the client's."""
         request = pb.PreStartContainerRequest(devices_ids=list(device_ids))
-        await self._stub.PreStartContainer(request, timeout=deadline)
+        await self._stub.PreStartContainer(request, timeout=self.deadline if deadline is None else deadline)
 
     async def close(self) -> None:
         await self.channel.close(None)
+
+
+class DeviceLists:
+    """One ListAndWatch stream: each message's devices as sent, until the plugin ends it.
+
+    A read may be cancelled (a timeout) without ending the stream; :meth:`cancel` ends it.
+    """
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._messages: AsyncIterator[pb.ListAndWatchResponse] = aiter(call)
+
+    def __aiter__(self) -> DeviceLists:
+        return self
+
+    async def __anext__(self) -> list[RawDevice]:
+        message = await anext(self._messages)
+        return [(d.ID, d.health, tuple(n.ID for n in d.topology.nodes)) for d in message.devices]
+
+    def cancel(self) -> None:
+        self._call.cancel()
 
 
 def _allocation(message: pb.ContainerAllocateResponse) -> ContainerAllocation:
