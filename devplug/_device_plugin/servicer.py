@@ -84,7 +84,6 @@ class ServiceStats:
     streams: int = 0
     """ListAndWatch streams open now."""
     lists_sent: int = 0
-    last_sent_version: int = 0
     last_sent_at: float | None = None
     """time.monotonic() of the last ListAndWatch message sent."""
     watcher_status: tuple[bool, str] | None = None
@@ -162,7 +161,6 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 # asks for the next message, which may be after the kubelet has read this one,
                 # and the figures must never lag behind what the kubelet has.
                 stats.lists_sent += 1
-                stats.last_sent_version = version
                 stats.last_sent_at = now = time.monotonic()
                 counters.sent(snapshot, now)
                 log.debug("devices_sent", version=version, devices=len(snapshot.devices))

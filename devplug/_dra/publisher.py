@@ -246,7 +246,7 @@ class SlicePublisher:
         assert self._pool is not None
         todo = plan(self._pool, self._wanted(snapshot), list(self._cache.values()), self._generation)
         if not todo:
-            self._synced(snapshot)
+            self._synced()
             return
         started = time.monotonic()
         await self._execute(todo)
@@ -263,7 +263,7 @@ class SlicePublisher:
         # The cache holds every answer now: check again at once (nothing left to do, normally).
         self._dirty.bump()
 
-    def _synced(self, snapshot: Snapshot) -> None:
+    def _synced(self) -> None:
         if not self.in_sync:
             self.synced_at = time.monotonic()
         self.in_sync = True

@@ -48,7 +48,7 @@ def _resolve(document: str, schema: Schema | None) -> Schema:
     return {}
 
 
-def _field(document: str, schema: Schema, key: str) -> Schema:
+def _field(schema: Schema, key: str) -> Schema:
     """The schema of ``key`` in an object's schema (with its patch extensions), or {}."""
     properties = schema.get("properties") or {}
     if key in properties:
@@ -93,10 +93,10 @@ def _merge_map(document: str, target: dict[str, Any], patch: dict[str, Any], sch
             if isinstance(result.get(name), list):
                 result[name] = [v for v in result[name] if v not in (value or [])]
             continue
-        _merge_field(document, result, key, value, _field(document, schema, key), order=orders.get(key))
+        _merge_field(document, result, key, value, _field(schema, key), order=orders.get(key))
     for name, order in orders.items():  # a list only reordered (or only shortened) by the patch
         if name not in patch and isinstance(result.get(name), list):
-            result[name] = _merge_list(document, result[name], [], _field(document, schema, name), order)
+            result[name] = _merge_list(document, result[name], [], _field(schema, name), order)
     retain = patch.get("$retainKeys")
     if isinstance(retain, list):
         result = {k: v for k, v in result.items() if k in retain}
