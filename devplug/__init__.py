@@ -6,7 +6,8 @@ allocations, and registers again whenever the kubelet restarts.
 
 Building blocks, each its own module: :mod:`devplug.policies` (preferred-allocation policies),
 :mod:`devplug.topology` (NUMA nodes from sysfs), :mod:`devplug.cdi` (CDI spec files),
-:mod:`devplug.health` (health policy) and :mod:`devplug.checks` (host-path checks).
+:mod:`devplug.health` (health policy) and :mod:`devplug.checks` (host-path checks). What only a
+DRA driver uses (claims, counter sets, device taints) is in :mod:`devplug.dra`.
 
 The names below are imported on first use (``from devplug import Device`` or
 ``devplug.Device``): ``import devplug`` alone loads none of pydantic, structlog or grpc, so a
@@ -29,11 +30,8 @@ if typing.TYPE_CHECKING:
     from devplug.health import HealthPolicy, HealthSettings
     from devplug.models import (
         ContainerAllocation,
-        CounterConsumption,
-        CounterSet,
         Device,
         DeviceSpec,
-        DeviceTaint,
         Health,
         Mount,
         PluginOptions,
@@ -47,12 +45,9 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigError",
     "ContainerAllocation",
-    "CounterConsumption",
-    "CounterSet",
     "Device",
     "DevicePlugin",
     "DeviceSpec",
-    "DeviceTaint",
     "DevplugError",
     "Health",
     "HealthPolicy",
@@ -94,11 +89,8 @@ _HOMES = {
     "HealthPolicy": "devplug.health",
     "HealthSettings": "devplug.health",
     "ContainerAllocation": "devplug.models",
-    "CounterConsumption": "devplug.models",
-    "CounterSet": "devplug.models",
     "Device": "devplug.models",
     "DeviceSpec": "devplug.models",
-    "DeviceTaint": "devplug.models",
     "Health": "devplug.models",
     "Mount": "devplug.models",
     "PluginOptions": "devplug.models",
@@ -108,6 +100,10 @@ _HOMES = {
     "load_settings": "devplug.settings",
 }
 
+# DRA-only models that moved to devplug.dra: still given here, with a DeprecationWarning.
+_MOVED = {"CounterConsumption": "devplug.dra", "CounterSet": "devplug.dra", "DeviceTaint": "devplug.dra"}
+_HOMES.update(dict.fromkeys(_MOVED, "devplug.models"))
+
 
 if not typing.TYPE_CHECKING:  # type checkers read the imports above; a misspelt name stays an error
-    __getattr__, __dir__ = _lazy_names(__name__, _HOMES, __all__)
+    __getattr__, __dir__ = _lazy_names(__name__, _HOMES, __all__, moved=_MOVED)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -22,14 +23,18 @@ def lazy_names(
     homes: Mapping[str, str],
     public: Iterable[str],
     extras: Mapping[str, str] | None = None,
+    moved: Mapping[str, str] | None = None,
 ) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
     """``__getattr__`` and ``__dir__`` for ``package``, whose names live in ``homes`` (name → module).
 
     A name in ``extras`` (name → extra) needs that extra installed: without it, asking for the
     name raises :class:`devplug._extras.MissingExtraError` (an ImportError) naming the extra.
+    A name in ``moved`` (name → the module to import it from now) is still given, with a
+    DeprecationWarning every time, and never kept in the package's namespace or listed by ``dir``.
     """
     names = frozenset(public)
     needs = extras or {}
+    elsewhere = moved or {}
 
     def __getattr__(name: str) -> object:
         home = homes.get(name)
@@ -40,6 +45,13 @@ def lazy_names(
 
             require(needs[name], f"{package}.{name}")
         value: object = getattr(importlib.import_module(home), name)
+        if name in elsewhere:
+            warnings.warn(
+                f"{package}.{name} is deprecated: import it from {elsewhere[name]}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return value
         setattr(sys.modules[package], name, value)
         return value
 

@@ -12,6 +12,11 @@ Run it with ``devplug run --api dra MODULE:CLASS``, ``devplug.dra.run(plugin)`` 
 ``devplug.run(plugin)`` with ``api=dra`` in the settings (``--api dra`` / ``DEVPLUG_API=dra``).
 The driver needs the node's name (``--node-name`` or ``NODE_NAME``) and the API server
 (``--kubeconfig``, else the pod's service account).
+
+The types only a DRA driver uses are here: what a device declares for DRA (``CounterSet``,
+``CounterConsumption``, ``DeviceTaint``, beside ``Device`` in :mod:`devplug`) and what the
+claim hooks take and return (``Claim`` and its ``ResourceClaimDict``, ``AllocatedDevice``,
+``OpaqueConfig``, ``PreparedDevice``, ``CdiSpecFile``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from devplug._dra.driver import DraDriver
-from devplug.models import AllocatedDevice, CdiSpecFile, Claim, DeviceTaint, OpaqueConfig, PreparedDevice
+from devplug.models import (
+    AllocatedDevice,
+    CdiSpecFile,
+    Claim,
+    CounterConsumption,
+    CounterSet,
+    DeviceTaint,
+    OpaqueConfig,
+    PreparedDevice,
+    ResourceClaimDict,
+)
 
 if TYPE_CHECKING:
     from devplug.plugin import DevicePlugin
@@ -29,10 +44,13 @@ __all__ = [
     "AllocatedDevice",
     "CdiSpecFile",
     "Claim",
+    "CounterConsumption",
+    "CounterSet",
     "DeviceTaint",
     "DraDriver",
     "OpaqueConfig",
     "PreparedDevice",
+    "ResourceClaimDict",
     "run",
     "serve",
 ]

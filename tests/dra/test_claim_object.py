@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from devplug.dra import Claim
-from devplug.models import ResourceClaimDict
+from devplug.dra import Claim, ResourceClaimDict
 
 OBJECT: dict[str, Any] = {
     "apiVersion": "resource.k8s.io/v1",

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from devplug import CounterConsumption, CounterSet, Device
-from devplug.dra import DraDriver
+from devplug import Device
+from devplug.dra import CounterConsumption, CounterSet, DraDriver
 from devplug.testing import FakeKubeAPI
 from tests.dra.dra_kit import NODE, driving, notify, wait_for
 from tests.support import Widgets

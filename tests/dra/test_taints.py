@@ -9,9 +9,10 @@ import pytest
 from pydantic import ValidationError
 from structlog.testing import capture_logs
 
-from devplug import Device, DeviceTaint, Health
+from devplug import Device, Health
 from devplug._dra.inventory import Inventory
 from devplug._dra.slices import chunks, device_entry, schedulable
+from devplug.dra import DeviceTaint
 from devplug.testing import FakeKubeAPI
 from tests.dra.dra_kit import NODE, driving, wait_for
 from tests.support import Widgets

@@ -10,8 +10,9 @@ import pytest
 from pydantic import ValidationError
 from structlog.testing import capture_logs
 
-from devplug import CounterConsumption, CounterSet, Device
+from devplug import Device
 from devplug._dra.slices import CounterSlice, Pool, chunks, counter_set_entry
+from devplug.dra import CounterConsumption, CounterSet
 from devplug.testing import FakeKubeAPI
 from tests.dra.dra_kit import NODE, driving, wait_for
 from tests.support import Widgets
