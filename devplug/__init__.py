@@ -22,8 +22,8 @@ from devplug._lazy import lazy_names as _lazy_names
 
 if typing.TYPE_CHECKING:
     from devplug._device_plugin.resource import ResourceStatus
-    from devplug._device_plugin.runner import Plugins, PluginSource, Runner, serve
-    from devplug._main import run
+    from devplug._device_plugin.runner import Plugins, PluginSource, Runner
+    from devplug._main import run, serve
     from devplug._runtime.signals import install_signals, run_async
     from devplug.checks import HostPathError
     from devplug.errors import ConfigError, DevplugError, KubeletError, RegistrationError
@@ -77,7 +77,7 @@ _HOMES = {
     "PluginSource": "devplug._device_plugin.runner",
     "Plugins": "devplug._device_plugin.runner",
     "Runner": "devplug._device_plugin.runner",
-    "serve": "devplug._device_plugin.runner",
+    "serve": "devplug._main",
     "run": "devplug._main",
     "install_signals": "devplug._runtime.signals",
     "run_async": "devplug._runtime.signals",

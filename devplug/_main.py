@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import sys
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from devplug._device_plugin.runner import Plugins, PluginSource, Reload, _as_list, serve
+from devplug._device_plugin.runner import Plugins, PluginSource, Runner, _as_list
 from devplug._extras import require_dra
 from devplug._names import is_dns_subdomain
-from devplug._runtime.signals import install_signals, run_async, until_signalled
+from devplug._runtime.signals import install_signals, run_async
 from devplug.errors import ConfigError
 from devplug.logging import configure as configure_logging
 from devplug.plugin import DevicePlugin
 from devplug.settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterable
+    from collections.abc import Callable, Iterable
+
+    from devplug._runtime.host import Host, Readiness, Reload
 
 S = TypeVar("S", bound=Settings)
 
@@ -41,12 +43,12 @@ def run(
     Without ``settings``, the standard runner options are read from ``argv`` (default
     ``sys.argv[1:]``), ``DEVPLUG_*`` and ``--config`` into ``settings_cls``, and logging is
     configured from them; an invalid option prints one line and raises ``SystemExit(2)``.
-    With ``api=device-plugin`` (the default), SIGHUP then reads them again: when they changed,
-    ``plugins`` (a factory) is called with the new settings, and the resources whose plugin
-    object is new are restarted (a factory that returns the same object for an unchanged
-    resource keeps it serving). With ``api=dra`` the plugins are served as one DRA driver
-    (:mod:`devplug.dra`). ``plugins`` may be a factory taking the settings (a subclass of
-    :class:`Settings` carries a backend's own options). ``api``, when given, overrides the
+    SIGHUP then reads them again: when they changed, ``plugins`` (a factory) is called with the
+    new settings, and the resources whose plugin object is new are restarted (a factory that
+    returns the same object for an unchanged resource keeps it serving), under either API.
+    With ``api=dra`` the plugins are served as one DRA driver (:mod:`devplug.dra`). ``plugins``
+    may be a factory taking the settings (a subclass of :class:`Settings` carries a backend's
+    own options). ``api``, when given, overrides the
     options' (:func:`devplug.dra.run` sets it); ``driver_name`` is the default of theirs.
     """
     name = prog or "devplug"
@@ -56,16 +58,13 @@ def run(
         if settings is None:
             settings = load_settings(settings_cls, argv, prog=prog)
             configure_logging(settings.log_format, settings.log_level)
-            reload = _reloader(plugins, settings, settings_cls, argv, prog)
+            defaults = partial(_with_defaults, api=api, driver_name=driver_name)
+            reload = _reloader(plugins, settings_cls, argv, prog, defaults)
         settings = _with_defaults(settings, api=api, driver_name=driver_name)
         resolved = _resolve(plugins, settings)
-        if settings.api == "dra":
-            main = _dra_main(resolved, settings)
-        else:
-            if isinstance(resolved, PluginSource):
-                reload = None
-            main = partial(serve, resolved, settings, reload=reload)
-        run_async(main)
+        if isinstance(resolved, PluginSource):
+            reload = None  # the source changes the set by itself
+        run_async(host_for(resolved, settings, reload=reload).run)
     except KeyboardInterrupt:
         # Ctrl-C before the signal handlers were in place (reading options, connecting, or
         # an import): nothing was served yet, so nothing is left to remove.
@@ -88,34 +87,51 @@ def _with_defaults(settings: S, *, api: str | None, driver_name: str | None) -> 
     return settings.model_copy(update=update) if update else settings
 
 
-def _dra_main(plugins: Plugins, settings: Settings) -> Callable[[], Awaitable[None]]:
-    from devplug._dra.driver import DraDriver
+def host_for(
+    plugins: Plugins,
+    settings: Settings,
+    *,
+    readiness: Iterable[Readiness] = (),
+    reload: Reload | None = None,
+) -> Host:
+    """The host that serves ``plugins`` through the API ``settings.api`` names.
 
+    Raises:
+        ConfigError: ``api=dra`` with a :class:`PluginSource` (a driver serves a fixed set), no
+            node name, no plugins.
+        MissingExtraError: ``api=dra`` without the ``dra`` extra.
+    """
+    if settings.api != "dra":
+        return Runner(plugins, settings, readiness=readiness, reload=reload)
     require_dra()
+    from devplug._dra.driver import DraDriver
 
     if isinstance(plugins, PluginSource):
         raise ConfigError("a PluginSource cannot be served as a DRA driver; pass the plugins themselves")
-    driver = DraDriver(_as_list(plugins), settings)
-
-    async def main() -> None:
-        await driver.open()  # a configuration error is one line, before anything is served
-        await serve_with_signals(driver.serve, driver)
-
-    return main
+    return DraDriver(_as_list(plugins), settings, readiness=readiness, reload=reload)
 
 
-class _Dumps(Protocol):
-    def debug_state(self) -> dict[str, Any]: ...
-
-
-async def serve_with_signals(
-    main: Callable[[], Awaitable[None]], target: _Dumps, *, handle: bool = True
+async def serve(
+    plugins: Plugins,
+    settings: Settings | None = None,
+    *,
+    handle_signals: bool = True,
+    readiness: Iterable[Readiness] = (),
+    reload: Reload | None = None,
 ) -> None:
-    """Run ``main`` until it returns or SIGTERM / SIGINT (SIGUSR1 logs ``target.debug_state()``)."""
-    if handle:
-        await until_signalled(main, dump=target.debug_state)
-    else:
-        await main()
+    """Serve ``plugins`` until cancelled (or SIGTERM / SIGINT), through the API ``settings.api``
+    chooses (the device-plugin API by default, ``dra`` for a DRA driver).
+
+    ``plugins`` is one :class:`DevicePlugin`, several, or (device-plugin API only) a
+    :class:`PluginSource` that adds and removes resources at run time. Needs the asyncio backend
+    (grpc.aio runs on asyncio). ``readiness`` are extra conditions of ``/readyz``; ``reload``
+    what SIGHUP calls for a new configuration (see :class:`Runner`).
+
+    Raises:
+        ConfigError: a configuration the chosen API refuses (one line's worth).
+    """
+    host = host_for(plugins, settings or Settings(), readiness=readiness, reload=reload)
+    await host.run(handle_signals=handle_signals)
 
 
 def _resolve(plugins: Plugins | Callable[[S], Plugins], settings: S) -> Plugins:
@@ -124,16 +140,17 @@ def _resolve(plugins: Plugins | Callable[[S], Plugins], settings: S) -> Plugins:
 
 def _reloader(
     plugins: Plugins | Callable[[S], Plugins],
-    settings: S,
     settings_cls: type[S],
     argv: list[str] | None,
     prog: str | None,
+    defaults: Callable[[S], S],
 ) -> Reload:
-    """Re-read the options the way :func:`run` read them at start."""
-    last: list[Any] = [settings, None]
+    """Re-read the options the way :func:`run` read them at start (``defaults``: what ``run``'s
+    own arguments set, applied again)."""
+    last: list[Any] = [None, None]
 
     def reload() -> tuple[Settings, DevicePlugin | Iterable[DevicePlugin]]:
-        new = load_settings(settings_cls, argv, prog=prog)
+        new = defaults(load_settings(settings_cls, argv, prog=prog))
         if new == last[0] and last[1] is not None:
             return new, last[1]  # nothing changed: the same objects, nothing restarts
         resolved = _resolve(plugins, new)

@@ -145,6 +145,11 @@ class Preparer:
             self._running.discard(start)
             self._forget_unprepares()
 
+    def check_host_paths(self, mode: CheckMode, root: Path | str) -> None:
+        """Check the host paths of default prepares with ``mode`` under ``root`` from now on."""
+        self._host_path_check = mode
+        self._host_root = root
+
     def _checked(self, ref: ClaimRef, claim: dict[str, Any]) -> dict[str, Any]:
         uid = claim.get("metadata", {}).get("uid")
         if uid != ref.uid:

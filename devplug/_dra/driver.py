@@ -19,9 +19,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import sys
-import time
-from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -45,38 +42,48 @@ from devplug._dra.servicer import (
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
 from devplug._runtime.feed import feed_devices
+from devplug._runtime.host import Host, Readiness, Reload, retry_forever
 from devplug._runtime.sockets import MAX_SOCKET_PATH, SocketServer, SocketUnavailableError, make_directories
-from devplug._runtime.watch import DirWatcher
-from devplug._version import version
-from devplug.errors import ConfigError, config_error_in
-from devplug.metrics import require_prometheus
-
-if sys.version_info < (3, 11):  # anyio depends on the backport there
-    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
+from devplug.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections import Counter
+    from collections.abc import AsyncIterator, Iterable, Sequence
     from pathlib import Path
 
-    from anyio.abc import TaskGroup
+    from anyio.abc import TaskGroup, TaskStatus
+    from prometheus_client.registry import Collector
 
     from devplug._dra.kube import Kube
-    from devplug._runtime.probes import ProbeServer
     from devplug.models import Device
     from devplug.plugin import DevicePlugin
     from devplug.settings import Settings
 
 log = structlog.get_logger("devplug.dra")
 
+FIXED_SETTINGS: tuple[str, ...] = (
+    "driver_name",
+    "node_name",
+    "pod_uid",
+    "kubeconfig",
+    "kubelet_root",
+    "plugins_registry_dir",
+    "cdi_dir",
+)
+"""Bound when the driver starts: its name, node, sockets, API server and where its prepared
+claims' CDI specs are; a reload that changes one is refused."""
 
-class DraDriver:
-    """Serves plugins as one DRA driver on one node until cancelled; see :func:`devplug.dra.serve`.
+
+class DraService:
+    """Serves plugins as one DRA driver on one node, on a :class:`Host`.
 
     Raises:
-        ConfigError: (at construction) no node name, no plugins; (in :meth:`run`) no usable
+        ConfigError: (at construction) no node name, no plugins; (in :meth:`open`) no usable
             kubeconfig, the driver's directory cannot be created, plugins_registry is not a
             directory.
     """
+
+    fixed_settings = FIXED_SETTINGS
 
     def __init__(
         self, plugins: Sequence[DevicePlugin], settings: Settings, *, kube: Kube | None = None
@@ -88,41 +95,52 @@ class DraDriver:
                 "no node name: pass --node-name or set NODE_NAME (spec.nodeName through the downward API)"
             )
         self.settings = settings
-        self.plugins = tuple(plugins)
         self.driver = settings.driver_name or default_driver_name(plugins[0].resource_name)
         self.node = settings.node_name
         self.data_dir = settings.dra_plugins_dir / self.driver
         suffix = f"-{settings.pod_uid}" if settings.pod_uid else ""
         self.dra_socket = _fitting(self.data_dir, f"dra{suffix}.sock")
         self.registration_socket = _fitting(settings.plugins_registry_dir, f"{self.driver}{suffix}-reg.sock")
-        self.inventory = Inventory(self.plugins)
+        self.inventory = Inventory(plugins)
         # State lives below the sockets' directory: its writes do not wake the socket watcher.
         self.state_dir = self.data_dir / "state"
         self.checkpoint = Checkpoint(self.state_dir / FILE_NAME, self.driver, self.node)
         self.stats = DraStats()
         self.registered = False
         self.registration_error: str | None = None
-        self.history: deque[dict[str, object]] = deque(maxlen=100)
+        self.publisher: SlicePublisher | None = None
         self._kube = kube
         self._own_kube = False
         self._preparer: Preparer | None = None
-        self._probe_server: ProbeServer | None = None
         self._log = log.bind(driver=self.driver, node=self.node)
-        self.publisher: SlicePublisher | None = None
-        self._started = anyio.Event()
-        self._reloads: Counter[str] = Counter()
-        self._watcher: DirWatcher | None = None
+        self._host: Host | None = None
+        self._tg: TaskGroup | None = None
+        self._feeds: list[anyio.CancelScope] = []
 
-    # -- state for probes and dumps -------------------------------------------------------------
+    @property
+    def plugins(self) -> tuple[DevicePlugin, ...]:
+        """The plugins served, one per resource."""
+        return self.inventory.plugins
 
-    def readiness(self) -> tuple[bool, list[str]]:
-        """Ready: the kubelet's plugins_registry exists, the kubelet accepted the registration,
-        the slices are published (since the last wipe), and the checkpoint is usable."""
+    def devices(self, resource: str) -> list[Device]:
+        """The devices of ``resource`` this driver publishes now."""
+        return [e.device for e in self.inventory.current.entries if e.resource == resource]
+
+    # -- the Service interface ------------------------------------------------------------------
+
+    def directories(self) -> list[Path]:
+        return [self.data_dir, self.settings.plugins_registry_dir]
+
+    def directory_found(self, directory: Path) -> None:
+        pass  # the driver's own directory is created private; plugins_registry is the kubelet's
+
+    def started_fields(self) -> dict[str, object]:
+        return {"dra_socket": str(self.dra_socket), "services": list(SUPPORTED_SERVICES)}
+
+    def readiness(self) -> list[str]:
+        """Ready: the kubelet accepted the registration, the slices are published (since the
+        last wipe), and the checkpoint is usable."""
         reasons = []
-        if not self._started.is_set():
-            reasons.append("starting")
-        if self._watcher is not None:
-            reasons.extend(f"{p} does not exist (the kubelet creates it)" for p in self._watcher.missing)
         if self.checkpoint.error:
             reasons.append(self.checkpoint.error)
         if not self.registered:
@@ -132,34 +150,12 @@ class DraDriver:
         why = self.publisher.not_ready_reason() if self.publisher else "slices not published yet"
         if why:
             reasons.append(why)
-        return not reasons, reasons
+        return reasons
 
-    async def wait_started(self) -> None:
-        await self._started.wait()
-
-    @property
-    def counters(self) -> dict[str, Any]:
-        return {}  # the device-plugin API's per-resource counters: none here
-
-    @property
-    def reloads(self) -> Counter[str]:
-        return self._reloads
-
-    @property
-    def resources(self) -> dict[str, Any]:
-        return {}
-
-    def devices(self, resource: str) -> list[Device]:
-        """The devices of ``resource`` this driver publishes now."""
-        return [e.device for e in self.inventory.current.entries if e.resource == resource]
-
-    def debug_state(self) -> dict[str, Any]:
-        """What ``/debug/state`` and SIGUSR1 show: readiness, the slices, the prepared claims."""
-        ready, reasons = self.readiness()
+    def state(self) -> dict[str, Any]:
+        """Its part of ``/debug/state``: the sockets, the devices, the slices, the prepared claims."""
         publisher = self.publisher
         return {
-            "ready": ready,
-            "not_ready": reasons,
             "api": "dra",
             "driver": self.driver,
             "node": self.node,
@@ -181,22 +177,19 @@ class DraDriver:
                 f"{c.namespace}/{c.name} ({uid})" for uid, c in self.checkpoint.claims.items()
             ),
             "checkpoint_error": self.checkpoint.error,
-            "events": list(self.history),
         }
 
-    # -- running --------------------------------------------------------------------------------
+    def collectors(self) -> list[Collector]:
+        from devplug._dra.metrics import DraCollector
 
-    async def run(self) -> None:
-        """:meth:`open`, then :meth:`serve` until cancelled."""
-        await self.open()
-        await self.serve()
+        return [DraCollector(self)]
 
     async def open(self) -> None:
         """Everything that can fail for a configuration reason, before anything is served.
 
         Raises:
             ConfigError: the driver's directory cannot be created, plugins_registry is not a
-                directory, no usable kubeconfig, a metrics address that cannot be bound.
+                directory, no usable kubeconfig.
         """
         # The driver's own directory (with its state) is created; plugins_registry is the
         # kubelet's, created by its plugin watcher at start, and only waited for.
@@ -228,61 +221,78 @@ class DraDriver:
             host_path_check=self.settings.host_path_check,
             host_root=self.settings.host_root,
         )
-        self._probe_server = await self._probes()
 
-    async def serve(self) -> None:
-        """Serve until cancelled (after :meth:`open`)."""
-        assert self.publisher is not None, "open() first"
-        assert self._preparer is not None, "open() first"
-        assert self._kube is not None, "open() first"
-        kube, preparer, probes = self._kube, self._preparer, self._probe_server
-        watcher = self._watcher = DirWatcher(self.data_dir, self.settings.plugins_registry_dir)
-        try:
-            async with anyio.create_task_group() as tg:
-                if probes is not None:
-                    tg.start_soon(probes.serve)
-                await tg.start(watcher.run)
-                for index, plugin in enumerate(self.plugins):
-                    tg.start_soon(self._feed, index, plugin)
-                tg.start_soon(self.publisher.run)
-                self._log.info(
-                    "started",
-                    version=version(),
-                    dra_socket=str(self.dra_socket),
-                    services=list(SUPPORTED_SERVICES),
-                )
-                if not self.inventory.current.complete:
-                    self._log.info("waiting_for_devices")
-                await self.inventory.newer_than(0)
-                while not self.inventory.current.complete:
-                    await self.inventory.newer_than(self.inventory.current.version)
-                await self._serve(tg, watcher, preparer)
-        except BaseExceptionGroup as group:
-            error = config_error_in(group)
-            if error is None:
-                raise
-            raise error from None
-        finally:
-            with anyio.CancelScope(shield=True):
-                if probes is not None:
-                    await probes.aclose()
-                if self._own_kube:
-                    with contextlib.suppress(Exception):
-                        await kube.aclose()
+    async def close(self) -> None:
+        if self._own_kube and self._kube is not None:
+            with contextlib.suppress(Exception):
+                await self._kube.aclose()
 
-    async def _probes(self) -> ProbeServer | None:
-        address = self.settings.metrics_address
-        if not address:
-            return None
-        require_prometheus()
-        from devplug._dra.metrics import DraCollector
-        from devplug._runtime.probes import ProbeServer
+    async def serve(self, host: Host, *, task_status: TaskStatus[None]) -> None:
+        """Publish the slices and feed the devices at once; serve both sockets once every plugin
+        has listed its devices, again whenever one is deleted (after :meth:`open`)."""
+        publisher, preparer, watcher = self.publisher, self._preparer, host.watcher
+        assert publisher is not None, "open() first"
+        assert preparer is not None, "open() first"
+        assert watcher is not None, "the host watches the directories"
+        self._host = host
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            for index in range(len(self.inventory.plugins)):
+                self._feeds.append(await tg.start(self._feed, index))
+            tg.start_soon(publisher.run)
+            if not self.inventory.current.complete:
+                self._log.info("waiting_for_devices")
+            await self.inventory.newer_than(0)
+            while not self.inventory.current.complete:
+                await self.inventory.newer_than(self.inventory.current.version)
+            started = [task_status]
 
-        probes = ProbeServer(self, address, [DraCollector(self)])
-        await probes.bind()
-        return probes
+            async def serve_sockets() -> None:
+                for directory in watcher.paths:  # the kubelet's plugins_registry may not be there yet
+                    await watcher.wait_present(directory)
+                async with self._sockets(preparer) as (dra, registration):
+                    if started:
+                        started.pop().started()
+                    await watcher.wait_for(lambda: None if dra.alive() and registration.alive() else True)
+                host.record("socket_deleted")
+                self._log.warning("socket_deleted", note="serving both sockets anew")
 
-    async def _feed(self, index: int, plugin: DevicePlugin) -> None:
+            def failed(exc: Exception, delay: float) -> None:
+                self.registration_error = str(exc)
+                self._log.error("serve_failed", error=str(exc), retry_in=round(delay, 3))
+
+            await retry_forever(serve_sockets, failed, errors=(SocketUnavailableError,), maximum=5.0)
+
+    async def reload(
+        self, old: Settings, new: Settings, plugins: Sequence[DevicePlugin]
+    ) -> dict[str, list[str]]:
+        """Replace the plugin objects that changed (their devices fed anew) and apply the
+        host-path check settings; the set of resources is bound at start.
+
+        Raises:
+            ConfigError: the reloaded plugins serve other resources than the driver.
+        """
+        names = [p.resource_name for p in plugins]
+        if names != [p.resource_name for p in self.inventory.plugins]:
+            raise ConfigError("the resources a DRA driver serves cannot change without a restart")
+        restarted: list[str] = []
+        for index, plugin in enumerate(plugins):
+            if plugin is self.inventory.plugins[index]:
+                continue
+            self.inventory.replace(index, plugin)
+            restarted.append(plugin.resource_name)
+            if self._tg is not None:
+                self._feeds[index].cancel()
+                self._feeds[index] = await self._tg.start(self._feed, index)
+        self.settings = new
+        if self._preparer is not None:
+            self._preparer.check_host_paths(new.host_path_check, new.host_root)
+        return {"restarted": restarted, "unchanged": [n for n in names if n not in restarted]}
+
+    # -- running --------------------------------------------------------------------------------
+
+    async def _feed(self, index: int, *, task_status: TaskStatus[anyio.CancelScope]) -> None:
+        plugin = self.inventory.plugins[index]
         plog = self._log.bind(resource=plugin.resource_name)
 
         async def publish(devices: tuple[Device, ...]) -> int:
@@ -299,23 +309,9 @@ class DraDriver:
                 plog.error("invalid_device_list", error=str(exc))
             return len(self.inventory.parts[index].current.devices)
 
-        await feed_devices(plugin, publish, plog)
-
-    async def _serve(self, tg: TaskGroup, watcher: DirWatcher, preparer: Preparer) -> None:
-        while True:
-            for directory in watcher.paths:  # the kubelet's plugins_registry may not be there yet
-                await watcher.wait_present(directory)
-            try:
-                async with self._sockets(preparer) as (dra, registration):
-                    self._started.set()
-                    await watcher.wait_for(lambda: None if dra.alive() and registration.alive() else True)
-            except SocketUnavailableError as exc:
-                self.registration_error = str(exc)
-                self._log.error("serve_failed", error=str(exc))
-                await anyio.sleep(1.0)
-                continue
-            self._record("socket_deleted")
-            self._log.warning("socket_deleted", note="serving both sockets anew")
+        with anyio.CancelScope() as scope:
+            task_status.started(scope)
+            await feed_devices(plugin, publish, plog)
 
     @contextlib.asynccontextmanager
     async def _sockets(self, preparer: Preparer) -> AsyncIterator[tuple[SocketServer, SocketServer]]:
@@ -348,14 +344,51 @@ class DraDriver:
     def _notified(self, registered: bool, error: str) -> None:
         self.registered = registered
         self.registration_error = error or None
-        self._record("registered" if registered else "registration_rejected", error=error)
+        self._host_record("registered" if registered else "registration_rejected", error=error)
         if registered:
             self._log.info("registered", via="plugin_watcher")
         else:
             self._log.error("registration_rejected", error=error)
 
-    def _record(self, event: str, **fields: object) -> None:
-        self.history.append({"at": time.time(), "event": event, **fields})
+    def _host_record(self, event: str, **fields: object) -> None:
+        if self._host is not None:
+            self._host.record(event, **fields)
+
+
+class DraDriver(Host):
+    """Serves plugins as one DRA driver on one node until cancelled; see :func:`devplug.dra.serve`.
+
+    A :class:`~devplug._runtime.host.Host` with one :class:`DraService` (``service``); its
+    attributes (``driver``, ``node``, the sockets, ``inventory``, ``checkpoint``, ``publisher``,
+    ``stats``, ``registered``) are the service's.
+
+    Raises:
+        ConfigError: (at construction) no node name, no plugins; (in :meth:`open` or
+            :meth:`run`) no usable kubeconfig, the driver's directory cannot be created,
+            plugins_registry is not a directory, a metrics address that cannot be bound.
+    """
+
+    def __init__(
+        self,
+        plugins: Sequence[DevicePlugin],
+        settings: Settings,
+        *,
+        kube: Kube | None = None,
+        readiness: Iterable[Readiness] = (),
+        reload: Reload | None = None,
+    ) -> None:
+        self.service = DraService(plugins, settings, kube=kube)
+        super().__init__([self.service], settings, readiness=readiness, reload=reload)
+
+    def __getattr__(self, name: str) -> Any:
+        # The service's attributes read through the driver (driver.dra_socket, driver.checkpoint).
+        if name == "service":
+            raise AttributeError(name)
+        return getattr(self.service, name)
+
+    def devices(self, resource: str) -> list[Device]:
+        """The devices of ``resource`` this driver publishes now."""
+        return self.service.devices(resource)
 
 
 def _fitting(directory: Path, name: str) -> Path:

@@ -59,16 +59,15 @@ __all__ = [
 async def serve(
     plugins: DevicePlugin | list[DevicePlugin], settings: Settings, *, handle_signals: bool = True
 ) -> None:
-    """Serve ``plugins`` as one DRA driver until cancelled (or SIGTERM / SIGINT).
+    """:func:`devplug.serve` with ``api`` set to ``dra``: serve ``plugins`` as one DRA driver
+    until cancelled (or SIGTERM / SIGINT).
 
     Raises:
         ConfigError: no node name, no usable kubeconfig, a directory that cannot be created.
     """
-    from devplug._main import serve_with_signals
+    from devplug._main import serve as serve_main
 
-    driver = DraDriver([plugins] if not isinstance(plugins, list) else plugins, settings)
-    await driver.open()
-    await serve_with_signals(driver.serve, driver, handle=handle_signals)
+    await serve_main(plugins, settings.model_copy(update={"api": "dra"}), handle_signals=handle_signals)
 
 
 def run(
@@ -79,7 +78,8 @@ def run(
     argv: list[str] | None = None,
     prog: str | None = None,
 ) -> int:
-    """Blocking entry point: serve ``plugins`` as a DRA driver until SIGTERM / SIGINT, return 0.
+    """:func:`devplug.run` with ``api`` set to ``dra`` (an alias kept for a driver's ``main``):
+    serve ``plugins`` as a DRA driver until SIGTERM / SIGINT, return 0.
 
     Without ``settings`` the standard options are read as :func:`devplug.run` reads them
     (``argv``, ``DEVPLUG_*``, ``--config``), with ``api`` set to ``dra``; ``driver_name``, when

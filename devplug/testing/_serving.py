@@ -98,7 +98,7 @@ async def serving_dra(
     await anyio.Path(settings.plugins_registry_dir).mkdir(parents=True, exist_ok=True)
     driver = DraDriver(plugins if isinstance(plugins, list) else [plugins], settings)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(driver.run)
+        tg.start_soon(partial(driver.run, handle_signals=False))
         with anyio.fail_after(30):
             await driver.wait_started()
         yield driver

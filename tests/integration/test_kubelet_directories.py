@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -178,7 +179,7 @@ async def test_dra_driver_waits_for_plugins_registry(short_dir: Path) -> None:
         driver = DraDriver([Widgets()], settings)
         with capture_logs() as logs:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(driver.run)
+                tg.start_soon(partial(driver.run, handle_signals=False))
                 await wait_until(lambda: len(missing_warnings(logs, registry)) >= 2)
                 assert not registry.exists()
                 assert driver.state_dir.is_dir()  # the driver's own directory is made
