@@ -11,9 +11,10 @@ import sys
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from devplug._device_plugin.runner import Plugins, PluginSource, Runner, _as_list
+from devplug._device_plugin.runner import Plugins, PluginSource, Runner
 from devplug._extras import require_dra
 from devplug._names import is_dns_subdomain
+from devplug._runtime.host import as_list
 from devplug._runtime.signals import install_signals, run_async
 from devplug.errors import ConfigError
 from devplug.logging import configure as configure_logging
@@ -108,7 +109,7 @@ def host_for(
 
     if isinstance(plugins, PluginSource):
         raise ConfigError("a PluginSource cannot be served as a DRA driver; pass the plugins themselves")
-    return DraDriver(_as_list(plugins), settings, readiness=readiness, reload=reload)
+    return DraDriver(as_list(plugins), settings, readiness=readiness, reload=reload)
 
 
 async def serve(
@@ -156,7 +157,7 @@ def _reloader(
         resolved = _resolve(plugins, new)
         if isinstance(resolved, PluginSource):
             raise ConfigError("the reloaded configuration yields a plugin source; restart the process")
-        last[:] = [new, _as_list(resolved)]
+        last[:] = [new, as_list(resolved)]
         return new, last[1]
 
     return reload

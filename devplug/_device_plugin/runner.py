@@ -19,7 +19,7 @@ from devplug._device_plugin.introspect import not_ready_reason, resource_state
 from devplug._device_plugin.resource import ResourceRunner, ResourceStatus, RestartReason
 from devplug._device_plugin.telemetry import ResourceCounters
 from devplug._names import resource_name_problem
-from devplug._runtime.host import Host, Readiness, Reload, retry_forever, settings_changed
+from devplug._runtime.host import Host, Readiness, Reload, as_list, retry_forever, settings_changed
 from devplug._runtime.sockets import MAX_SOCKET_PATH, directory_exposure, unique_socket_name
 from devplug.errors import ConfigError
 from devplug.plugin import DevicePlugin
@@ -41,7 +41,6 @@ __all__ = [
     "Readiness",
     "Reload",
     "Runner",
-    "serve",
 ]
 
 
@@ -116,7 +115,7 @@ class DevicePluginService:
 
     async def open(self) -> None:
         if not isinstance(self.plugins, PluginSource):
-            check_plugins(_as_list(self.plugins), self.settings)
+            check_plugins(as_list(self.plugins), self.settings)
         _check_directories(self.settings)
 
     async def close(self) -> None:
@@ -160,7 +159,7 @@ class DevicePluginService:
                         task_status.started()
                 else:
                     async with self._lock:
-                        await self._apply(_as_list(self.plugins))
+                        await self._apply(as_list(self.plugins))
                     task_status.started()
                 await anyio.sleep_forever()
             finally:
@@ -367,24 +366,3 @@ def _change_of(running: DevicePlugin, wanted: DevicePlugin | None, *, restart_al
     if wanted is None:
         return "removed"
     return "restarted" if restart_all or wanted is not running else "unchanged"
-
-
-def _as_list(plugins: DevicePlugin | Iterable[DevicePlugin]) -> list[DevicePlugin]:
-    return [plugins] if isinstance(plugins, DevicePlugin) else list(plugins)
-
-
-async def serve(
-    plugins: Plugins,
-    settings: Settings | None = None,
-    *,
-    handle_signals: bool = True,
-    readiness: Iterable[Readiness] = (),
-    reload: Reload | None = None,
-) -> None:
-    """Serve ``plugins`` to the kubelet until cancelled (or SIGTERM / SIGINT).
-
-    ``plugins`` is one :class:`DevicePlugin`, several, or a :class:`PluginSource` that adds and
-    removes resources at run time. Needs the asyncio backend (grpc.aio runs on asyncio).
-    ``readiness`` and ``reload`` are :class:`Runner`'s.
-    """
-    await Runner(plugins, settings, readiness=readiness, reload=reload).run(handle_signals=handle_signals)

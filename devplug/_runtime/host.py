@@ -277,7 +277,7 @@ class Host:
         async with self._lock:
             try:
                 settings, loaded = self._reload()
-                plugins = _as_list(loaded)
+                plugins = as_list(loaded)
                 fixed = [f for f in self.fixed_settings if getattr(settings, f) != getattr(self.settings, f)]
                 if fixed:
                     raise ConfigError(f"{', '.join(fixed)} cannot change without a restart")
@@ -310,7 +310,8 @@ def settings_changed(old: Settings, new: Settings, *, ignore: Iterable[str] = ()
     return [f for f in Settings.model_fields if f not in skipped and getattr(old, f) != getattr(new, f)]
 
 
-def _as_list(plugins: DevicePlugin | Iterable[DevicePlugin]) -> list[DevicePlugin]:
+def as_list(plugins: DevicePlugin | Iterable[DevicePlugin]) -> list[DevicePlugin]:
+    """One plugin or several, as a list."""
     from devplug.plugin import DevicePlugin
 
     return [plugins] if isinstance(plugins, DevicePlugin) else list(plugins)
