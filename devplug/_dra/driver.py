@@ -380,11 +380,60 @@ class DraDriver(Host):
         self.service = DraService(plugins, settings, kube=kube)
         super().__init__([self.service], settings, readiness=readiness, reload=reload)
 
-    def __getattr__(self, name: str) -> Any:
-        # The service's attributes read through the driver (driver.dra_socket, driver.checkpoint).
-        if name == "service":
-            raise AttributeError(name)
-        return getattr(self.service, name)
+    @property
+    def driver(self) -> str:
+        """The driver's name (``gpu.example.com``)."""
+        return self.service.driver
+
+    @property
+    def node(self) -> str:
+        return self.service.node
+
+    @property
+    def plugins(self) -> tuple[DevicePlugin, ...]:
+        return self.service.plugins
+
+    @property
+    def dra_socket(self) -> Path:
+        """Where the kubelet calls the DRA service."""
+        return self.service.dra_socket
+
+    @property
+    def registration_socket(self) -> Path:
+        """The socket in ``plugins_registry`` the kubelet's plugin watcher finds."""
+        return self.service.registration_socket
+
+    @property
+    def data_dir(self) -> Path:
+        """The driver's directory (its DRA socket and ``state/``)."""
+        return self.service.data_dir
+
+    @property
+    def state_dir(self) -> Path:
+        return self.service.state_dir
+
+    @property
+    def inventory(self) -> Inventory:
+        return self.service.inventory
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """The prepared claims, as kept on disk."""
+        return self.service.checkpoint
+
+    @property
+    def publisher(self) -> SlicePublisher | None:
+        """What keeps the ResourceSlices (after :meth:`open`)."""
+        return self.service.publisher
+
+    @property
+    def stats(self) -> DraStats:
+        return self.service.stats
+
+    @property
+    def registered(self) -> bool:
+        """Whether the kubelet accepted the registration (NotifyRegistrationStatus)."""
+        return self.service.registered
 
     def devices(self, resource: str) -> list[Device]:
         """The devices of ``resource`` this driver publishes now."""
