@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
+from devplug._versioned import Versioned
 from devplug.models import DeviceTaint, Health
 from devplug_nvidia._health import _DBE_EVENT_TYPE as _DBE_TYPE
 from devplug_nvidia._health import _XID_EVENT_TYPE as _XID_TYPE
@@ -79,22 +80,20 @@ class DraHealthMonitor(HealthMonitor):
         self._lost: set[str] = set()
         self._unmonitored: set[str] = set()
         self._taints: dict[str, tuple[DeviceTaint, ...]] = {}
-        self._running: anyio.Event | None = None
-        """Set when the :meth:`run` watching now ends (None: none watches)."""
+        self._watching = Versioned(False)
+        """Whether a :meth:`run` watches now."""
         super().__init__(*args, **kwargs)
         self._cooldown = self._policy.settings.recovery_cooldown
 
     async def run(self) -> None:
         """Watch until cancelled, as the base class does. One NVML event set per monitor: a
         second caller waits while another one watches, and takes over when that one ends."""
-        while self._running is not None:
-            await self._running.wait()
-        running = self._running = anyio.Event()
+        await self._watching.wait_for(lambda watching: None if watching else True)
+        self._watching.set(True)
         try:
             await super().run()
         finally:
-            self._running = None
-            running.set()
+            self._watching.set(False)
 
     # -- what the plugin reads ----------------------------------------------------------------
 
@@ -151,10 +150,7 @@ class DraHealthMonitor(HealthMonitor):
                 "device_taints_changed",
                 devices={u: [_text(t) for t in taints.get(u, ())] for u in changed},
             )
-            self._version += 1
-            if self._changed is not None:
-                self._changed.set()
-                self._changed = None
+            self._health.bump()
         super()._publish()
 
     # -- the taints ---------------------------------------------------------------------------------

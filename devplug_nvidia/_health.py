@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import structlog
 
+from devplug._versioned import Versioned
 from devplug.health import HealthPolicy, HealthSettings, Signal
 from devplug.metrics import event_counter
 from devplug.models import Health
@@ -172,12 +173,10 @@ class HealthMonitor:
         self._fatal: dict[str, str] = {}
         self._pending: dict[str, str] = {}
         """GPU UUID → why its registration failed (retried)."""
-        self._version = 0
         self._labels: dict[str, str] = {}
-        self._snapshot = self._health_map()
-        self._changed: anyio.Event | None = None
-        self._started = False
-        self._started_event: anyio.Event | None = None
+        self._health = Versioned(self._health_map())
+        """Every device's health; a new version whenever some device's changes."""
+        self._started = Versioned(False)
 
     # -- what plugins read --------------------------------------------------------------------
 
@@ -201,22 +200,16 @@ class HealthMonitor:
     @property
     def version(self) -> int:
         """Bumped whenever the health of some device changes."""
-        return self._version
+        return self._health.version
 
     async def wait_changed(self, seen: int) -> int:
-        """Wait until :attr:`version` differs from ``seen``; returns the new version."""
-        while self._version == seen:
-            if self._changed is None:
-                self._changed = anyio.Event()
-            await self._changed.wait()
-        return self._version
+        """Wait until :attr:`version` is past ``seen`` (a version read before); returns the new version."""
+        await self._health.newer_than(seen)
+        return self._health.version
 
     async def wait_started(self) -> None:
         """Wait until the first start attempt is over (events registered, or the failure noted)."""
-        while not self._started:
-            if self._started_event is None:
-                self._started_event = anyio.Event()
-            await self._started_event.wait()
+        await self._started.wait_for(lambda started: started or None)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -383,19 +376,12 @@ class HealthMonitor:
 
     def _publish(self) -> None:
         snapshot = self._health_map()
-        if snapshot == self._snapshot:
-            return
-        self._snapshot = snapshot
-        self._version += 1
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
+        if snapshot != self._health.value:
+            self._health.set(snapshot)
 
     def _set_started(self) -> None:
-        self._started = True
-        if self._started_event is not None:
-            self._started_event.set()
-            self._started_event = None
+        if not self._started.value:
+            self._started.set(True)
 
     # -- NVML, in worker threads ------------------------------------------------------------------
 
