@@ -257,7 +257,7 @@ class DynamicMig:
                 for name in names:
                     if name not in made:
                         made[name] = self._create_one(nvml, claim_uid, self.slots[name], done)
-                return {name: self._record(nvml, self.slots[name], made[name]) for name in names}
+                return {name: self._record(self.slots[name], made[name]) for name in names}
         except (NvmlError, DynamicMigError) as exc:
             try:
                 self.destroy(claim_uid)
@@ -344,7 +344,7 @@ class DynamicMig:
                 nvml.call("nvmlComputeInstanceDestroy", ci)
         nvml.call("nvmlGpuInstanceDestroy", gi)
 
-    def _record(self, nvml: Nvml, slot: MigSlot, created: Created) -> GpuRecord:
+    def _record(self, slot: MigSlot, created: Created) -> GpuRecord:
         """The record of a created MIG device, for its CDI spec (capability nodes)."""
         assert created.compute_instance is not None
         parent = slot.parent

@@ -89,12 +89,11 @@ class LinkMatrix:
     def build(cls, gpus: Iterable[GpuLinks], levels: Mapping[frozenset[str], int]) -> LinkMatrix:
         """The matrix of ``gpus`` with the pairwise PCIe ``levels``; NVLinks counted as the module says."""
         listed = list(gpus)
-        by_bus = {g.bus_id: g for g in listed}
         nvlinks: dict[frozenset[str], int] = {}
         for a, b in combinations(listed, 2):
             if a.lost or b.lost:
                 continue
-            direct = _direct(a, b, by_bus)
+            direct = _direct(a, b)
             shared = sum(min(n, b.switches.get(s, 0)) for s, n in a.switches.items())
             if direct + shared:
                 nvlinks[frozenset((a.uuid, b.uuid))] = direct + shared
@@ -145,7 +144,7 @@ class LinkMatrix:
         }
 
 
-def _direct(a: GpuLinks, b: GpuLinks, by_bus: Mapping[str, GpuLinks]) -> int:
+def _direct(a: GpuLinks, b: GpuLinks) -> int:
     forward = a.gpu_peers.get(b.bus_id, 0)
     backward = b.gpu_peers.get(a.bus_id, 0)
     if forward != backward:

@@ -25,7 +25,6 @@ __all__ = [
 ]
 
 # NVML return codes (pynvml's NVML_ERROR_* values).
-SUCCESS = 0
 UNINITIALIZED = 1
 INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
