@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, Field
 
-from devplug import ConfigError, Settings, load_settings
+from devplug import ConfigError, HealthSettings, Settings, load_settings
 from devplug.settings import describe_fields
+from devplug_fake._config import FakeSettings
+from devplug_nvidia.config import NvidiaSettings
 
 
 @pytest.fixture(autouse=True)
@@ -139,3 +142,134 @@ def test_describe_fields_keeps_explicit_descriptions() -> None:
     describe_fields(Described)
     assert Described.model_fields["name"].description == "given explicitly"
     assert Described.model_fields["log_level"].description == "Lowest level logged."
+
+
+# -- the external interface, recorded before the settings were grouped --------------------------
+# field, flag, environment variable, default (no DEVPLUG_*, NODE_NAME or POD_UID set), a value as
+# typed on a command line, and what it parses to. Flags, DEVPLUG_* names and config-file keys are
+# the interface of every command: grouping the fields must leave each of them as it was.
+INTERFACE: list[tuple[str, str, str, object, str, object]] = [
+    ("api", "--api", "DEVPLUG_API", "device-plugin", "dra", "dra"),
+    ("kubelet_root", "--kubelet-root", "DEVPLUG_KUBELET_ROOT", Path("/var/lib/kubelet"), "/k", Path("/k")),
+    (
+        "device_plugin_dir",
+        "--device-plugin-dir",
+        "DEVPLUG_DEVICE_PLUGIN_DIR",
+        Path("/var/lib/kubelet/device-plugins"),
+        "/dp",
+        Path("/dp"),
+    ),
+    ("kubelet_socket", "--kubelet-socket", "DEVPLUG_KUBELET_SOCKET", None, "/dp/k.sock", Path("/dp/k.sock")),
+    ("registration", "--registration", "DEVPLUG_REGISTRATION", "kubelet", "watcher", "watcher"),
+    (
+        "plugins_registry_dir",
+        "--plugins-registry-dir",
+        "DEVPLUG_PLUGINS_REGISTRY_DIR",
+        Path("/var/lib/kubelet/plugins_registry"),
+        "/pr",
+        Path("/pr"),
+    ),
+    ("endpoint_host_dir", "--endpoint-host-dir", "DEVPLUG_ENDPOINT_HOST_DIR", None, "/h/pr", Path("/h/pr")),
+    ("register_timeout", "--register-timeout", "DEVPLUG_REGISTER_TIMEOUT", 15.0, "3", 3.0),
+    ("retry_initial", "--retry-initial", "DEVPLUG_RETRY_INITIAL", 0.05, "0.5", 0.5),
+    ("retry_max", "--retry-max", "DEVPLUG_RETRY_MAX", 10.0, "7", 7.0),
+    ("shutdown_grace", "--shutdown-grace", "DEVPLUG_SHUTDOWN_GRACE", 0.5, "2", 2.0),
+    ("log_format", "--log-format", "DEVPLUG_LOG_FORMAT", "auto", "json", "json"),
+    ("log_level", "--log-level", "DEVPLUG_LOG_LEVEL", "info", "debug", "debug"),
+    ("metrics_address", "--metrics-address", "DEVPLUG_METRICS_ADDRESS", None, ":9400", ":9400"),
+    ("config", "--config", "DEVPLUG_CONFIG", None, "{tmp}/empty.yaml", Path("{tmp}/empty.yaml")),
+    ("cdi_dir", "--cdi-dir", "DEVPLUG_CDI_DIR", Path("/var/run/cdi"), "/cdi", Path("/cdi")),
+    ("host_path_check", "--host-path-check", "DEVPLUG_HOST_PATH_CHECK", "warn", "refuse", "refuse"),
+    ("host_root", "--host-root", "DEVPLUG_HOST_ROOT", Path("/"), "/host", Path("/host")),
+    ("insecure_dir", "--insecure-dir", "DEVPLUG_INSECURE_DIR", "refuse", "warn", "warn"),
+    ("driver_name", "--driver-name", "DEVPLUG_DRIVER_NAME", None, "gpu.example.com", "gpu.example.com"),
+    ("node_name", "--node-name", "DEVPLUG_NODE_NAME", None, "node-a", "node-a"),
+    ("kubeconfig", "--kubeconfig", "DEVPLUG_KUBECONFIG", None, "/kc", Path("/kc")),
+    ("pod_uid", "--pod-uid", "DEVPLUG_POD_UID", None, "uid-1", "uid-1"),
+    (
+        "health",
+        "--health",
+        "DEVPLUG_HEALTH",
+        HealthSettings(),
+        '{"flap_limit": 2}',
+        HealthSettings(flap_limit=2),
+    ),
+]
+# The health policy's own flags (health.* in a config file).
+HEALTH_FLAGS = [
+    "--health.unhealthy-after",
+    "--health.healthy-after",
+    "--health.recovery-cooldown",
+    "--health.unknown-timeout",
+    "--health.result-ttl",
+    "--health.flap-limit",
+    "--health.flap-window",
+    "--health.flap-hold",
+]
+INTERFACE_IDS = [row[0] for row in INTERFACE]
+
+
+def _in_tmp(value: object, tmp: Path) -> object:
+    if isinstance(value, str | Path):
+        return type(value)(str(value).replace("{tmp}", str(tmp)))
+    return value
+
+
+@pytest.fixture
+def _no_downward_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    monkeypatch.delenv("POD_UID", raising=False)
+    (tmp_path / "empty.yaml").write_text("")
+
+
+def test_every_field_is_in_the_interface_table() -> None:
+    assert list(Settings.model_fields) == sorted(Settings.model_fields, key=INTERFACE_IDS.index)
+
+
+@pytest.mark.usefixtures("_no_downward_api")
+def test_defaults_as_recorded() -> None:
+    settings = load_settings(Settings, [])
+    assert {name: getattr(settings, name) for name in INTERFACE_IDS} == {row[0]: row[3] for row in INTERFACE}
+
+
+@pytest.mark.usefixtures("_no_downward_api")
+@pytest.mark.parametrize("row", INTERFACE, ids=INTERFACE_IDS)
+def test_flag_environment_and_config_key(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, row: tuple[str, str, str, object, str, object]
+) -> None:
+    name, flag, env, _, typed, value = row
+    typed, value = str(_in_tmp(typed, tmp_path)), _in_tmp(value, tmp_path)
+    assert getattr(load_settings(Settings, [flag, typed]), name) == value
+    if name != "config":  # the file that names itself is the one --config gives
+        config = tmp_path / "c.json"
+        config.write_text(json.dumps({name: json.loads(typed) if name == "health" else typed}))
+        assert getattr(load_settings(Settings, ["--config", str(config)]), name) == value
+    monkeypatch.setenv(env, typed)
+    assert getattr(load_settings(Settings, []), name) == value
+
+
+def _help_flags(cls: type[Settings], capsys: pytest.CaptureFixture[str]) -> set[str]:
+    with pytest.raises(SystemExit):
+        load_settings(cls, ["--help"], prog="p")
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9.-]*[a-z0-9]", capsys.readouterr().out))
+
+
+@pytest.mark.parametrize("cls", [Settings, FakeSettings, NvidiaSettings], ids=lambda c: c.__name__)
+def test_help_lists_every_flag(cls: type[Settings], capsys: pytest.CaptureFixture[str]) -> None:
+    flags = _help_flags(cls, capsys)
+    runner = {row[1] for row in INTERFACE} | set(HEALTH_FLAGS) | {"--help", "--version"}
+    assert runner <= flags
+    if cls is Settings:
+        assert flags == runner
+
+
+@pytest.mark.usefixtures("_no_downward_api")
+@pytest.mark.parametrize("cls", [FakeSettings, NvidiaSettings], ids=lambda c: c.__name__)
+def test_backends_keep_the_runner_settings(cls: type[Settings]) -> None:
+    defaults = load_settings(cls, [])
+    assert {row[0]: getattr(defaults, row[0]) for row in INTERFACE} == {row[0]: row[3] for row in INTERFACE}
+    argv = [part for row in INTERFACE if row[0] != "config" for part in (row[1], row[4])]
+    given = load_settings(cls, argv)
+    assert {row[0]: getattr(given, row[0]) for row in INTERFACE if row[0] != "config"} == {
+        row[0]: row[5] for row in INTERFACE if row[0] != "config"
+    }
