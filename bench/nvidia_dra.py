@@ -264,7 +264,7 @@ def _spec_figures(plugin: Any, shape: Shape, runs: int) -> dict[str, Any]:
     import yaml
 
     from devplug.models import AllocatedDevice
-    from devplug_nvidia._dra_cdi import _ordered, build_claim_spec, spec_yaml
+    from devplug_nvidia._dra._cdi import _ordered, build_claim_spec, spec_yaml
 
     assert isinstance(shape.devices, list)
     by_name = {d.name: d for d in plugin.devices}

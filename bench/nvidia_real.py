@@ -33,9 +33,9 @@ import anyio
 
 from devplug.logging import configure as configure_logging
 from devplug.testing import FakeKubelet, serving
-from devplug_nvidia._links import LinkMatrix, read_links
-from devplug_nvidia._nvml import Nvml, NvmlError
-from devplug_nvidia._preferred import preferred
+from devplug_nvidia._device_plugin._preferred import preferred
+from devplug_nvidia._gpu._links import LinkMatrix, read_links
+from devplug_nvidia._gpu._nvml import Nvml, NvmlError
 from devplug_nvidia.discovery import apply_mig_strategy, discover_devices
 from devplug_nvidia.labels import LabelSettings, node_labels
 
@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from devplug.models import Device
-    from devplug_nvidia._config_file import DeviceListStrategy
-    from devplug_nvidia._model import GpuRecord
+    from devplug_nvidia._config._file import DeviceListStrategy
+    from devplug_nvidia._gpu._model import GpuRecord
 
 STRATEGIES: tuple[DeviceListStrategy, ...] = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 EVENT_WAIT_MS = 500

@@ -974,7 +974,7 @@ def explain_nvidia_dra(results: dict[str, Any], misses: list[str]) -> list[str]:
         "(devplug_nvidia/dra.py:NvidiaDraPlugin.claim_spec): "
         f"{pieces['claim_spec']:.2f} ms in one process, of which {pieces['build']:.2f} ms builds it "
         f"and {pieces['spec_yaml']:.2f} ms writes the {pieces['spec_bytes']:,}-byte spec "
-        "(devplug_nvidia/_dra_cdi.py:spec_yaml: the driver's library mounts and hooks make it long)"
+        "(devplug_nvidia/_dra/_cdi.py:spec_yaml: the driver's library mounts and hooks make it long)"
     )
     if "yaml_python_dumper" in pieces:
         emitter = "libyaml's emitter" if pieces["libyaml"] else "the pure-Python emitter (no libyaml here)"

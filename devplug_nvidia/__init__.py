@@ -34,6 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     from devplug import install_signals
 
     install_signals("devplug-nvidia")  # first: a SIGTERM / Ctrl-C from here on never ends in a traceback
-    from devplug_nvidia._cli import main as serve_gpus
+    from devplug_nvidia._cli._main import main as serve_gpus
 
     return serve_gpus(argv)

@@ -23,7 +23,8 @@ from pydantic_settings import BaseSettings, CliSuppress, PydanticBaseSettingsSou
 
 from devplug.errors import ConfigError
 from devplug.settings import Settings, load_settings
-from devplug_nvidia._config_file import (
+from devplug_nvidia._config._feature_gates import FeatureGateError, parse_feature_gates
+from devplug_nvidia._config._file import (
     ConfigFileV1,
     DeviceListStrategy,
     HealthConfig,
@@ -32,7 +33,6 @@ from devplug_nvidia._config_file import (
     Sharing,
     read_config_file,
 )
-from devplug_nvidia._feature_gates import FeatureGateError, parse_feature_gates
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -13,16 +13,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from devplug.topology import normalize_pci_bus_id, pci_numa_node
-from devplug_nvidia import _nvml
-from devplug_nvidia._discovery_details import (
+from devplug_nvidia._discovery._details import (
     SystemVersions,
     gpu_details,
     gpu_instance_details,
     profile_table,
     system_versions,
 )
-from devplug_nvidia._discovery_mig import mig_cap_paths, mig_memory_gb, mig_profile_name, read_mig_minors
-from devplug_nvidia._discovery_strategy import (
+from devplug_nvidia._discovery._mig import mig_cap_paths, mig_memory_gb, mig_profile_name, read_mig_minors
+from devplug_nvidia._discovery._strategy import (
     GPU_RESOURCE,
     MigStrategy,
     MigStrategyError,
@@ -31,8 +30,9 @@ from devplug_nvidia._discovery_strategy import (
     check_sharing,
     mig_resource_name,
 )
-from devplug_nvidia._model import GpuRecord, MigInfo
-from devplug_nvidia._nvml import Nvml, NvmlError
+from devplug_nvidia._gpu import _nvml
+from devplug_nvidia._gpu._model import GpuRecord, MigInfo
+from devplug_nvidia._gpu._nvml import Nvml, NvmlError
 
 if TYPE_CHECKING:
     import os

@@ -26,11 +26,11 @@ import structlog
 from devplug.errors import DevplugError, config_error_in
 from devplug.models import CdiSpecFile, ContainerAllocation, PreparedDevice
 from devplug.plugin import DevicePlugin
-from devplug_nvidia._allocate import CONTROL_NODES, build_allocation, present_nodes
-from devplug_nvidia._dra_cdi import build_claim_spec, claim_device_id, claim_spec_file, spec_yaml
-from devplug_nvidia._dra_devices import DRIVER_NAME, announced, device_of
-from devplug_nvidia._dra_dynamic import DynamicMig, creates_mig_devices, destroys_mig_devices, dynamic_mig
-from devplug_nvidia._dra_sharing import SharingManager, plan, sharing_manager, with_device_edits
+from devplug_nvidia._container._allocate import CONTROL_NODES, build_allocation, present_nodes
+from devplug_nvidia._dra._cdi import build_claim_spec, claim_device_id, claim_spec_file, spec_yaml
+from devplug_nvidia._dra._devices import DRIVER_NAME, announced, device_of
+from devplug_nvidia._dra._dynamic import DynamicMig, creates_mig_devices, destroys_mig_devices, dynamic_mig
+from devplug_nvidia._dra._sharing import SharingManager, plan, sharing_manager, with_device_edits
 from devplug_nvidia.config import NvidiaSettings
 from devplug_nvidia.discovery import GPU_RESOURCE, NvmlSource, discover_devices, nvml_source
 
@@ -40,9 +40,9 @@ if TYPE_CHECKING:
 
     from devplug.cdi import ContainerEdits
     from devplug.models import AllocatedDevice, Claim, Device, OpaqueConfig
-    from devplug_nvidia._cdi_driver import DriverFiles
-    from devplug_nvidia._dra_health import DraHealthMonitor
-    from devplug_nvidia._model import GpuRecord
+    from devplug_nvidia._container._cdi_driver import DriverFiles
+    from devplug_nvidia._dra._health import DraHealthMonitor
+    from devplug_nvidia._gpu._model import GpuRecord
 
 __all__ = ["DRIVER_NAME", "NvidiaDraPlugin", "run_dra"]
 
@@ -116,9 +116,9 @@ class NvidiaDraPlugin(DevicePlugin):
         Raises:
             NvmlError: NVML failed.
         """
-        from devplug_nvidia._cdi import driver_view
-        from devplug_nvidia._cdi_driver import find_driver_files
-        from devplug_nvidia._dra_health import dra_health_monitor
+        from devplug_nvidia._container._cdi import driver_view
+        from devplug_nvidia._container._cdi_driver import find_driver_files
+        from devplug_nvidia._dra._health import dra_health_monitor
 
         source = nvml_source(settings, module=module, sysfs=sysfs, proc=proc)
         driver = settings.driver_name or DRIVER_NAME
@@ -160,7 +160,7 @@ class NvidiaDraPlugin(DevicePlugin):
         # A new list whenever the health monitor changes a device's health or taints. The
         # monitor runs while the devices are watched, however the plugin is served; one
         # already run by someone else is left to them (DraHealthMonitor.run waits its turn).
-        from devplug_nvidia._dra_health import MonitorTask
+        from devplug_nvidia._dra._health import MonitorTask
 
         health = self.health
         if health is None:
@@ -228,7 +228,7 @@ class NvidiaDraPlugin(DevicePlugin):
         self, claim: Claim, devices: Sequence[AllocatedDevice], config: Sequence[OpaqueConfig]
     ) -> Sequence[PreparedDevice]:
         """Prepare as NVIDIA does: the opaque configs decoded and matched to the devices
-        (:mod:`~devplug_nvidia._dra_config`), sharing applied per group, the claim's CDI spec.
+        (:mod:`~devplug_nvidia._dra._config`), sharing applied per group, the claim's CDI spec.
 
         Raises:
             OpaqueConfigError: a config cannot be decoded, applied to its devices or is invalid.

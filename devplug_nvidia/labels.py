@@ -23,9 +23,10 @@ import anyio
 import structlog
 
 from devplug.errors import ConfigError, DevplugError
-from devplug_nvidia._config_file import read_config_file
-from devplug_nvidia._fake_root import FakeRoots, model_names
-from devplug_nvidia._labels import (
+from devplug_nvidia._cli._fake_root import FakeRoots, model_names
+from devplug_nvidia._config._file import read_config_file
+from devplug_nvidia._gpu._nvml import NvmlError
+from devplug_nvidia._labels._node_labels import (
     DEFAULT_MACHINE_TYPE_FILE,
     DEFAULT_OUTPUT_FILE,
     DEFAULT_SLEEP_INTERVAL,
@@ -38,7 +39,6 @@ from devplug_nvidia._labels import (
     sanitise,
     write_labels,
 )
-from devplug_nvidia._nvml import NvmlError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

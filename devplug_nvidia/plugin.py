@@ -10,20 +10,20 @@ import structlog
 from devplug.metrics import note_health_reason
 from devplug.models import ContainerAllocation, Device, Health
 from devplug.plugin import DevicePlugin
-from devplug_nvidia._allocate import CONTROL_NODES, ImexChannel, build_allocation, strip_replica
-from devplug_nvidia._mps import MpsDaemonError
-from devplug_nvidia._preferred import preferred
-from devplug_nvidia._sharing import REPLICA_SEPARATOR, replica_id
+from devplug_nvidia._container._allocate import CONTROL_NODES, ImexChannel, build_allocation, strip_replica
+from devplug_nvidia._device_plugin._preferred import preferred
+from devplug_nvidia._device_plugin._sharing import REPLICA_SEPARATOR, replica_id
+from devplug_nvidia._gpu._mps import MpsDaemonError
 from devplug_nvidia.config import NvidiaSettings
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 
-    from devplug_nvidia._health import HealthMonitor
-    from devplug_nvidia._links import LinkMatrix
-    from devplug_nvidia._model import GpuRecord
-    from devplug_nvidia._mps import MpsDaemon
-    from devplug_nvidia._sharing import SharedResource
+    from devplug_nvidia._device_plugin._sharing import SharedResource
+    from devplug_nvidia._gpu._health import HealthMonitor
+    from devplug_nvidia._gpu._links import LinkMatrix
+    from devplug_nvidia._gpu._model import GpuRecord
+    from devplug_nvidia._gpu._mps import MpsDaemon
 
 __all__ = ["NvidiaPlugin"]
 
@@ -94,7 +94,7 @@ class NvidiaPlugin(DevicePlugin):
         mps: MpsDaemon | None = None,
         links: LinkMatrix | None = None,
     ) -> NvidiaPlugin:
-        """The plugin for one resource of :func:`devplug_nvidia._sharing.apply_sharing`."""
+        """The plugin for one resource of :func:`devplug_nvidia._device_plugin._sharing.apply_sharing`."""
         plugin = cls(
             resource.name,
             resource.records,

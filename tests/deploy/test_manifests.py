@@ -26,7 +26,7 @@ import yaml
 from devplug import Settings, load_settings
 from devplug_fake import FakePlugin, FakeSettings
 from devplug_nvidia import labels
-from devplug_nvidia._sharing import apply_sharing
+from devplug_nvidia._device_plugin._sharing import apply_sharing
 from devplug_nvidia.config import ENV_NAMES, NvidiaSettings, load_nvidia_settings
 from devplug_nvidia.discovery import discover
 from devplug_nvidia.testing import fake_nvml, write_root

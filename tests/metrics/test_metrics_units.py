@@ -129,7 +129,7 @@ async def test_watcher_mode_ready_after_notify(short_dir: Path) -> None:
 
 @pytest.mark.anyio
 async def test_nvidia_xids_are_counted_by_code_and_verdict(tmp_path: Path) -> None:
-    from devplug_nvidia._health import XID_EVENTS
+    from devplug_nvidia._gpu._health import XID_EVENTS
 
     before = dict(XID_EVENTS.samples())
     async with monitoring("pcie-a10", tmp_path) as m:

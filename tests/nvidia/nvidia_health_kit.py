@@ -11,10 +11,10 @@ from typing import Any
 import anyio
 
 from devplug import Health, HealthSettings
-from devplug_nvidia._health import HealthMonitor
-from devplug_nvidia._model import GpuRecord
-from devplug_nvidia._nvml import Nvml
-from devplug_nvidia._xids import XidFilter
+from devplug_nvidia._gpu._health import HealthMonitor
+from devplug_nvidia._gpu._model import GpuRecord
+from devplug_nvidia._gpu._nvml import Nvml
+from devplug_nvidia._gpu._xids import XidFilter
 from devplug_nvidia.discovery import MigStrategy, apply_mig_strategy, discover_devices
 from devplug_nvidia.testing import FakeNvml, fake_nvml, write_root
 

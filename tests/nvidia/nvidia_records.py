@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from devplug_nvidia._model import GpuRecord, MigInfo
+from devplug_nvidia._gpu._model import GpuRecord, MigInfo
 
 G0 = "GPU-00000000-0000-0000-0000-000000000000"
 G1 = "GPU-11111111-1111-1111-1111-111111111111"

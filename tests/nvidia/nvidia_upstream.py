@@ -18,7 +18,7 @@ from dataclasses import replace
 from itertools import combinations
 
 from devplug.topology import normalize_pci_bus_id
-from devplug_nvidia._links import LinkMatrix
+from devplug_nvidia._gpu._links import LinkMatrix
 from devplug_nvidia.testing import MODELS, FakeNvml, MachineModel
 
 Score = Callable[[str, str], int]

@@ -72,7 +72,8 @@ def test_the_extras_name_what_pyproject_installs() -> None:
 def test_a_device_plugin_and_its_testing_kit_need_no_extra() -> None:
     res = code_without_extras(
         """
-        import devplug, devplug.testing, devplug.testing.pytest_plugin, devplug_fake, devplug_nvidia._cli
+        import devplug, devplug.testing, devplug.testing.pytest_plugin, devplug_fake
+        import devplug_nvidia._cli._main
         from devplug.testing import FakeKubelet, run_conformance, serving
         print("ok")
         """

@@ -12,7 +12,7 @@ from devplug import ConfigError, Runner, Settings
 from devplug._names import is_extended_resource_name, resource_name_problem
 from devplug.settings import load_settings
 from devplug_fake import FakeSettings
-from devplug_nvidia._config_file import read_config_file
+from devplug_nvidia._config._file import read_config_file
 from tests.support import ROOT, Widgets
 
 pytestmark = pytest.mark.anyio
