@@ -10,7 +10,7 @@ from the wire types; nothing else in devplug touches protobuf.
 import enum
 import re
 import warnings
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
     AfterValidator,
@@ -30,6 +30,7 @@ __all__ = [
     "AttributeValue",
     "CdiSpecFile",
     "Claim",
+    "ClaimRef",
     "ContainerAllocation",
     "CounterConsumption",
     "CounterSet",
@@ -431,6 +432,21 @@ class Claim(_Frozen):
     """The ResourceClaim object as read from the API server at prepare, every field kept (None
     at unprepare: the claim may be gone by then, and unprepare never reads the API). Typed as a
     :class:`ResourceClaimDict`: ``claim.resource_claim["status"]["allocation"]`` and so on."""
+
+
+class ClaimRef(NamedTuple):
+    """A claim as the kubelet names it in NodePrepareResources and NodeUnprepareResources.
+
+    A tuple, so that a plain ``(namespace, name, uid)`` stands for one: the fake kubelet's
+    calls take either. ``str()`` gives ``namespace/name``.
+    """
+
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
 
 
 class AllocatedDevice(_Frozen):

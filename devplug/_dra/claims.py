@@ -30,7 +30,7 @@ from devplug._dra.lock import DriverLock, LockTimeout, lock_wait
 from devplug._dra.names import cdi_device, cdi_kind, claim_spec_file
 from devplug._hooks import overrides
 from devplug.checks import HostPathError, check_host_paths
-from devplug.models import AllocatedDevice, CdiSpecFile, Claim, OpaqueConfig, PreparedDevice
+from devplug.models import AllocatedDevice, CdiSpecFile, Claim, ClaimRef, OpaqueConfig, PreparedDevice
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -47,18 +47,6 @@ if TYPE_CHECKING:
 
 class ClaimError(Exception):
     """The reason one claim cannot be prepared or unprepared (its response's ``error``)."""
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    """A claim as the kubelet names it."""
-
-    uid: str
-    namespace: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
 
 
 @dataclass

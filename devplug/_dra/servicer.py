@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import grpc
 
-from devplug._dra.claims import ClaimRef
 from devplug._proto.dra.v1 import api_pb2 as v1
 from devplug._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug._proto.dra.v1beta1 import api_pb2 as v1beta1
@@ -29,6 +28,7 @@ from devplug._proto.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_gr
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
 from devplug._runtime.telemetry import RpcStats
+from devplug.models import ClaimRef
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -114,7 +114,7 @@ class DraPluginService:
 
 
 def _refs(request: Any) -> list[ClaimRef]:
-    return [ClaimRef(c.uid, c.namespace, c.name) for c in request.claims]
+    return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
 
 
 class HealthService:

@@ -16,7 +16,8 @@ The driver needs the node's name (``--node-name`` or ``NODE_NAME``) and the API 
 The types only a DRA driver uses are here: what a device declares for DRA (``CounterSet``,
 ``CounterConsumption``, ``DeviceTaint``, beside ``Device`` in :mod:`devplug`) and what the
 claim hooks take and return (``Claim`` and its ``ResourceClaimDict``, ``AllocatedDevice``,
-``OpaqueConfig``, ``PreparedDevice``, ``CdiSpecFile``).
+``OpaqueConfig``, ``PreparedDevice``, ``CdiSpecFile``), and ``ClaimRef``, a claim as the kubelet
+names it (what the fake kubelet's calls take).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from devplug.models import (
     AllocatedDevice,
     CdiSpecFile,
     Claim,
+    ClaimRef,
     CounterConsumption,
     CounterSet,
     DeviceTaint,
@@ -44,6 +46,7 @@ __all__ = [
     "AllocatedDevice",
     "CdiSpecFile",
     "Claim",
+    "ClaimRef",
     "CounterConsumption",
     "CounterSet",
     "DeviceTaint",

@@ -10,8 +10,9 @@ from typing import Any
 import structlog
 
 from devplug._dra.checkpoint import FILE_NAME, Checkpoint
-from devplug._dra.claims import ClaimError, ClaimRef, Preparer
+from devplug._dra.claims import ClaimError, Preparer
 from devplug._dra.inventory import Inventory
+from devplug.dra import ClaimRef
 from tests.support import Widgets
 
 DRIVER = "widget.example.com"
@@ -84,4 +85,4 @@ class World:
     def add(self, obj: dict[str, Any]) -> ClaimRef:
         meta = obj["metadata"]
         self.claims[(meta["namespace"], meta["name"])] = obj
-        return ClaimRef(meta["uid"], meta["namespace"], meta["name"])
+        return ClaimRef(meta["namespace"], meta["name"], meta["uid"])

@@ -13,8 +13,7 @@ from structlog.testing import capture_logs
 
 from devplug import ContainerAllocation, Device, DeviceSpec, Mount
 from devplug._dra.checkpoint import FILE_NAME, Checkpoint
-from devplug._dra.claims import ClaimRef
-from devplug.dra import AllocatedDevice, Claim, OpaqueConfig, PreparedDevice
+from devplug.dra import AllocatedDevice, Claim, ClaimRef, OpaqueConfig, PreparedDevice
 from tests.dra.claims_kit import DRIVER, NODE, World, claim
 from tests.support import Widgets
 
@@ -58,7 +57,7 @@ async def test_checkpoint_survives_a_restart_and_unprepare_needs_no_api(tmp_path
     w.claims.clear()  # the claim is gone from the API server
     w.checkpoint.load()  # a new process reads the file
     assert list(w.checkpoint.claims) == ["u1"]
-    result = await w.make().unprepare([ref, ClaimRef("never", "ns", "x")])
+    result = await w.make().unprepare([ref, ClaimRef("ns", "x", "never")])
     assert {uid: o.error for uid, o in result.items()} == {"u1": "", "never": ""}
     assert not list(w.cdi.iterdir())
     w.checkpoint.load()
@@ -78,7 +77,7 @@ async def test_a_checkpoint_in_an_earlier_version_s_layout_loads(tmp_path: Path)
     again.load()
     assert again.error is None
     assert again.claims == w.checkpoint.claims
-    result = await w.make().unprepare([ClaimRef("u1", "ns", "c-u1")])
+    result = await w.make().unprepare([ClaimRef("ns", "c-u1", "u1")])
     assert result["u1"].error == ""
     assert json.loads(path.read_text())["claims"] == {}
 
@@ -87,7 +86,7 @@ async def test_per_claim_errors(tmp_path: Path) -> None:
     w = World(tmp_path)
     ok = w.add(claim("ok", [("a", "w0")]))
     replaced = w.add(claim("new-uid", [("a", "w1")]))
-    replaced = ClaimRef("old-uid", replaced.namespace, replaced.name)
+    replaced = ClaimRef(replaced.namespace, replaced.name, "old-uid")
     unallocated = w.add({"metadata": {"uid": "u3", "namespace": "ns", "name": "c-u3"}, "status": {}})
     unknown = w.add(claim("u4", [("a", "nope")]))
     taken = w.add(claim("u5", [("a", "w0")]))
@@ -103,7 +102,7 @@ async def test_per_claim_errors(tmp_path: Path) -> None:
             },
         }
     )
-    missing = ClaimRef("u7", "ns", "gone")
+    missing = ClaimRef("ns", "gone", "u7")
     result = await w.preparer.prepare([ok, replaced, unallocated, unknown, taken, other_pool, missing])
     errors = {uid: o.error for uid, o in result.items()}
     assert errors["ok"] == ""
@@ -123,7 +122,7 @@ async def test_duplicate_uids_and_other_drivers(tmp_path: Path) -> None:
         {"request": "a", "driver": "other.example.com", "pool": NODE, "device": "w1"}
     )
     ref = w.add(mixed)
-    twin = ClaimRef("u1", "ns", "someone-else")
+    twin = ClaimRef("ns", "someone-else", "u1")
     result = await w.preparer.prepare([ref, ref])
     assert [d["device"] for d in result["u1"].devices] == ["w0"]  # the other driver's device is not ours
     result = await w.preparer.unprepare([ref, twin])
@@ -195,7 +194,7 @@ async def test_an_unusable_checkpoint_fails_closed(tmp_path: Path, damage: Any, 
     assert message in w.checkpoint.error
     result = await w.preparer.prepare([w.add(claim("u2", [("a", "w1")]))])
     assert message in result["u2"].error
-    result = await w.preparer.unprepare([ClaimRef("u1", "ns", "c-u1")])
+    result = await w.preparer.unprepare([ClaimRef("ns", "c-u1", "u1")])
     assert message in result["u1"].error
     assert path.read_bytes() == damaged  # never reset
 
@@ -287,7 +286,7 @@ async def test_two_drivers_sharing_the_lock_read_each_others_writes(tmp_path: Pa
     for w in (old, new):
         w.add(first)
         w.add(second)
-    r1, r2 = ClaimRef("u1", "ns", "c-u1"), ClaimRef("u2", "ns", "c-u2")
+    r1, r2 = ClaimRef("ns", "c-u1", "u1"), ClaimRef("ns", "c-u2", "u2")
     assert not (await old.preparer.prepare([r1]))["u1"].error
     taken = (await new.preparer.prepare([r2]))["u2"]
     assert taken.error and "w0" in taken.error  # the new pod read the old one's claim on w0

@@ -66,9 +66,10 @@ async def test_garbage_and_odd_requests(short_dir: Path) -> None:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.text(max_size=30), st.text(max_size=30), st.text(max_size=40)), max_size=6))
 def test_any_claim_names_get_an_entry_each(claims: list[tuple[str, str, str]]) -> None:
-    from devplug._dra.claims import ClaimRef, _distinct
+    from devplug._dra.claims import _distinct
+    from devplug.dra import ClaimRef
 
-    refs = [ClaimRef(uid, ns, name) for ns, name, uid in claims]
+    refs = [ClaimRef(*c) for c in claims]
     unique, outcomes = _distinct(refs)
     assert {r.uid for r in unique} | set(outcomes) == {r.uid for r in refs}
     assert not {r.uid for r in unique} & set(outcomes)

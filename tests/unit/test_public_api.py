@@ -44,6 +44,7 @@ def test_dra_only_models_are_exported_from_devplug_dra() -> None:
         "AllocatedDevice",
         "CdiSpecFile",
         "Claim",
+        "ClaimRef",
         "OpaqueConfig",
         "PreparedDevice",
         "ResourceClaimDict",

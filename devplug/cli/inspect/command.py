@@ -31,7 +31,7 @@ from devplug.cli.inspect.client import (
 from devplug.cli.inspect.dra_client import detect
 
 if TYPE_CHECKING:
-    from devplug.models import PluginOptions
+    from devplug.models import ClaimRef, PluginOptions
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -96,12 +96,14 @@ def _ids(text: str) -> list[str]:
     return ids
 
 
-def _claim(text: str) -> tuple[str, str, str]:
+def _claim(text: str) -> ClaimRef:
+    from devplug.models import ClaimRef
+
     namespace, _, rest = text.partition("/")
     name, _, uid = rest.rpartition(":")
     if not namespace or not name or not uid:
         raise argparse.ArgumentTypeError(f"expected NAMESPACE/NAME:UID, got {text!r}")
-    return namespace, name, uid
+    return ClaimRef(namespace, name, uid)
 
 
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

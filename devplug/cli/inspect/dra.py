@@ -23,7 +23,8 @@ from devplug.cli.inspect.dra_client import DraConnection, DraTarget
 if TYPE_CHECKING:
     import argparse
 
-    from devplug.testing._kubelet.dra_resource import ClaimRef, ClaimResult, HealthReport
+    from devplug.models import ClaimRef
+    from devplug.testing._kubelet.dra_resource import ClaimResult, HealthReport
 
 
 def _service(target: DraTarget) -> str:
@@ -36,7 +37,7 @@ def _service(target: DraTarget) -> str:
 
 
 def _claims_text(claims: list[ClaimRef]) -> str:
-    return ", ".join(f"{ns}/{name}:{uid}" for ns, name, uid in claims)
+    return ", ".join(f"{c}:{c.uid}" for c in claims)
 
 
 def header(target: DraTarget, service: str | None) -> tuple[list[str], dict[str, Any]]:
@@ -63,7 +64,7 @@ def header(target: DraTarget, service: str | None) -> tuple[list[str], dict[str,
 
 
 def results_text(results: dict[str, ClaimResult], claims: list[ClaimRef]) -> list[str]:
-    names = {uid: f"{ns}/{name}" for ns, name, uid in claims}
+    names = {c.uid: str(c) for c in claims}
     lines: list[str] = []
     for uid, result in results.items():
         who = f"  {uid} {names.get(uid, '(not asked for)')}"
@@ -137,7 +138,7 @@ async def run(target: DraTarget, args: argparse.Namespace, out: TextIO) -> int:
                 "kubelet_error": problem,
             }
             lines.append(f"NodeUnprepareResources({_claims_text(unprepare)}):")
-            names = {uid: f"{ns}/{name}" for ns, name, uid in unprepare}
+            names = {c.uid: str(c) for c in unprepare}
             lines += [
                 f"  {uid} {names.get(uid, '(not asked for)')}: {e or 'ok'}" for uid, e in errors.items()
             ]

@@ -19,7 +19,8 @@ from devplug.cli.inspect.client import InspectError, check_socket, status
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Sequence
 
-    from devplug.testing._kubelet.dra_resource import ClaimRef, ClaimResult, HealthReport
+    from devplug.models import ClaimRef
+    from devplug.testing._kubelet.dra_resource import ClaimResult, HealthReport
 
 T = TypeVar("T")
 _NOT_DRA = (grpc.StatusCode.UNIMPLEMENTED,)

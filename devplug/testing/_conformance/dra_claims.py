@@ -11,6 +11,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from devplug.errors import KubeletError
+from devplug.models import ClaimRef
 from devplug.testing._conformance import dra_judges as judge
 from devplug.testing._conformance.cdi_scan import read_specs, remove_specs
 from devplug.testing._kubeapi.scheduler import AllocationError
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
 
     from devplug.testing._conformance.judges import Outcome
     from devplug.testing._kubeapi.server import FakeKubeAPI
-    from devplug.testing._kubelet.dra_resource import ClaimRef
     from devplug.testing._kubelet.kubelet import FakeKubelet
     from devplug.testing._process import PluginProcess
 
@@ -62,9 +62,9 @@ class ClaimSteps:
         ref = await self._allocated_claim()
         if ref is not None:
             await self._prepare(ref)
-        unknown: ClaimRef = (NAMESPACE, "never-prepared", str(uuid.uuid4()))
+        unknown = ClaimRef(NAMESPACE, "never-prepared", str(uuid.uuid4()))
         if await self._call("unprepare_unknown_claim", lambda: kubelet.unprepare(driver, [unknown])) is None:
-            self.results.setdefault("unprepare_unknown_claim", ("pass", f"claim {unknown[2]} unprepared"))
+            self.results.setdefault("unprepare_unknown_claim", ("pass", f"claim {unknown.uid} unprepared"))
         await self._entries(ref)
 
     async def _allocated_claim(self) -> ClaimRef | None:
@@ -79,10 +79,10 @@ class ClaimSteps:
             return None
         results = claim["status"]["allocation"]["devices"]["results"]
         self._allocated = [(r["pool"], r["device"]) for r in results if r["driver"] == driver]
-        return NAMESPACE, "claim-1", claim["metadata"]["uid"]
+        return ClaimRef(NAMESPACE, "claim-1", claim["metadata"]["uid"])
 
     async def _prepare(self, ref: ClaimRef) -> None:
-        driver, kubelet, uid = self.driver, self._kubelet, ref[2]
+        driver, kubelet, uid = self.driver, self._kubelet, ref.uid
         assert driver is not None
         first = await self._call("prepare_allocated_claim", lambda: kubelet.prepare(driver, [ref]))
         if first is None:
@@ -122,11 +122,13 @@ class ClaimSteps:
     async def _entries(self, ref: ClaimRef | None) -> None:
         driver, kubelet = self.driver, self._kubelet
         assert driver is not None
-        ghost: ClaimRef = (NAMESPACE, "no-such-claim", str(uuid.uuid4()))
+        ghost = ClaimRef(NAMESPACE, "no-such-claim", str(uuid.uuid4()))
         claims = (
-            [ref, ghost] if ref is not None else [ghost, (NAMESPACE, "no-such-claim-2", str(uuid.uuid4()))]
+            [ref, ghost]
+            if ref is not None
+            else [ghost, ClaimRef(NAMESPACE, "no-such-claim-2", str(uuid.uuid4()))]
         )
-        wanted = {c[2] for c in claims}
+        wanted = {c.uid for c in claims}
         prepared = await self._call("entry_per_claim", lambda: kubelet.prepare_raw(driver, claims))
         if prepared is None:
             return

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from devplug.testing._kubelet.dra_health import DeviceKey
     from devplug.testing._kubelet.dra_manager import DraManager
     from devplug.testing._kubelet.dra_resource import (
-        ClaimRef,
+        ClaimLike,
         ClaimResult,
         DraInstance,
         DraRegistration,
@@ -199,8 +199,9 @@ class DraActions:
             raise KubeletError(f"{_wrap(method)}{not_registered_error(driver)}", "FAILED_PRECONDITION")
         return instance
 
-    async def prepare_raw(self, driver: str, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
-        """One NodePrepareResources call for ``(namespace, name, uid)`` claims; the answer, unchecked.
+    async def prepare_raw(self, driver: str, claims: Sequence[ClaimLike]) -> dict[str, ClaimResult]:
+        """One NodePrepareResources call for ``claims`` (each a :class:`~devplug.dra.ClaimRef` or a
+        plain ``(namespace, name, uid)``); the answer, unchecked.
 
         Raises:
             KubeletError: the driver is not registered (``FAILED_PRECONDITION``) or the call
@@ -214,10 +215,10 @@ class DraActions:
         except grpc.aio.AioRpcError as exc:
             raise _wrapped(PREPARE, rpc.rpc_error(PREPARE, exc)) from None
 
-    async def prepare(self, driver: str, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
+    async def prepare(self, driver: str, claims: Sequence[ClaimLike]) -> dict[str, ClaimResult]:
         """NodePrepareResources as the kubelet calls it before a pod's sandbox starts; results by claim UID.
 
-        One call for all ``(namespace, name, uid)`` claims of the driver, on the service chosen
+        One call for all ``claims`` of the driver (as for :meth:`prepare_raw`), on the service chosen
         at registration, with the ``dra_call_timeout`` deadline. The kubelet would skip claims
         it has prepared already; this helper always calls (tests check idempotency with it).
 
@@ -235,7 +236,7 @@ class DraActions:
         self._dra_manager.changed()
         return results
 
-    async def unprepare_raw(self, driver: str, claims: Sequence[ClaimRef]) -> dict[str, str]:
+    async def unprepare_raw(self, driver: str, claims: Sequence[ClaimLike]) -> dict[str, str]:
         """One NodeUnprepareResources call; each answered claim UID and its error (``""``), unchecked.
 
         Raises:
@@ -249,7 +250,7 @@ class DraActions:
         except grpc.aio.AioRpcError as exc:
             raise _wrapped(UNPREPARE, rpc.rpc_error(UNPREPARE, exc)) from None
 
-    async def unprepare(self, driver: str, claims: Sequence[ClaimRef]) -> None:
+    async def unprepare(self, driver: str, claims: Sequence[ClaimLike]) -> None:
         """NodeUnprepareResources as the kubelet calls it once a claim's last pod is gone.
 
         Raises:

@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING, Literal
 
 import anyio
 
+from devplug.models import ClaimRef
+
 if TYPE_CHECKING:
     import grpc
 
-ClaimRef = tuple[str, str, str]
-"""A claim as the kubelet names it in a request: ``(namespace, name, uid)``."""
+ClaimLike = ClaimRef | tuple[str, str, str]
+"""A claim in a request: a :class:`~devplug.models.ClaimRef`, or a plain ``(namespace, name, uid)``."""
 
 HealthName = Literal["Healthy", "Unhealthy", "Unknown"]
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     import grpc
 
-    from devplug.testing._kubelet.dra_resource import ClaimRef, HealthName
+    from devplug.testing._kubelet.dra_resource import ClaimLike, HealthName
 
 _MODULES: dict[str, tuple[ModuleType, ModuleType]] = {
     "v1.DRAPlugin": (dra_v1, dra_v1_grpc),
@@ -59,12 +59,12 @@ def rpc_error(method: str, exc: grpc.aio.AioRpcError) -> KubeletError:
     return KubeletError(f"{method}: {go_rpc_error(code, details)}", code)
 
 
-def _claims(pb: ModuleType, claims: Sequence[ClaimRef]) -> list[Any]:
+def _claims(pb: ModuleType, claims: Sequence[ClaimLike]) -> list[Any]:
     return [pb.Claim(namespace=namespace, name=name, uid=uid) for namespace, name, uid in claims]
 
 
 async def prepare(
-    channel: grpc.aio.Channel, service: str, claims: Sequence[ClaimRef], *, deadline: float
+    channel: grpc.aio.Channel, service: str, claims: Sequence[ClaimLike], *, deadline: float
 ) -> dict[str, ClaimResult]:
     """NodePrepareResources on ``service``; every entry of the answer, unchecked.
 
@@ -93,7 +93,7 @@ async def prepare(
 
 
 async def unprepare(
-    channel: grpc.aio.Channel, service: str, claims: Sequence[ClaimRef], *, deadline: float
+    channel: grpc.aio.Channel, service: str, claims: Sequence[ClaimLike], *, deadline: float
 ) -> dict[str, str]:
     """NodeUnprepareResources on ``service``; each answered claim UID and its error ("" for none).
 

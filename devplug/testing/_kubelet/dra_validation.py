@@ -13,7 +13,7 @@ from devplug.testing._kubelet.validation import go_quote
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from devplug.testing._kubelet.dra_resource import ClaimRef, ClaimResult
+    from devplug.testing._kubelet.dra_resource import ClaimLike, ClaimResult
 
 DRA_PLUGIN_TYPE = "DRAPlugin"
 DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
@@ -89,7 +89,7 @@ def health_service(services: Sequence[str]) -> str | None:
     return None
 
 
-def check_prepare(claims: Sequence[ClaimRef], answered: Mapping[str, ClaimResult]) -> str | None:
+def check_prepare(claims: Sequence[ClaimLike], answered: Mapping[str, ClaimResult]) -> str | None:
     """The kubelet's checks on a NodePrepareResources answer (``prepareResources``).
 
     Returns:
@@ -115,7 +115,7 @@ def check_prepare(claims: Sequence[ClaimRef], answered: Mapping[str, ClaimResult
     return _skipped(PREPARE, claims, answered)
 
 
-def check_unprepare(claims: Sequence[ClaimRef], answered: Mapping[str, str]) -> str | None:
+def check_unprepare(claims: Sequence[ClaimLike], answered: Mapping[str, str]) -> str | None:
     """The kubelet's checks on a NodeUnprepareResources answer (``unprepareResources``)."""
     names = {uid: name for _, name, uid in claims}
     for uid, error in sorted(answered.items()):
@@ -126,7 +126,7 @@ def check_unprepare(claims: Sequence[ClaimRef], answered: Mapping[str, str]) -> 
     return _skipped(UNPREPARE, claims, answered)
 
 
-def _skipped(method: str, claims: Sequence[ClaimRef], answered: Mapping[str, object]) -> str | None:
+def _skipped(method: str, claims: Sequence[ClaimLike], answered: Mapping[str, object]) -> str | None:
     # The kubelet counts, it does not compare: the request minus the answers.
     unfinished = len(claims) - len(answered)
     if unfinished != 0:
