@@ -1,5 +1,10 @@
 """Runner settings: command line > environment (``DEVPLUG_*``) > config file > defaults.
 
+The fields come in groups (:data:`GROUPS`: api, kubelet, registration, serving, logging, metrics,
+config, cdi, host, dra, health), one model each; :class:`Settings` inherits them all, so a field
+keeps one flat name as flag, ``DEVPLUG_*`` variable, config-file key and attribute, and ``--help``
+shows a section per group. :func:`fields_of` names a group's fields.
+
 Backends subclass :class:`Settings` to add their own options; :func:`load_settings` parses any
 subclass the same way. Every field's docstring is its ``--help`` text, read from the source only
 when help is printed (:func:`describe_fields`).
@@ -18,22 +23,71 @@ import sys
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
-from devplug._names import is_dns_subdomain
+from devplug._settings_groups import (
+    GROUPS,
+    ApiGroup,
+    CdiGroup,
+    ConfigGroup,
+    DraGroup,
+    HealthGroup,
+    HostGroup,
+    KubeletGroup,
+    LoggingGroup,
+    MetricsGroup,
+    RegistrationGroup,
+    ServingGroup,
+    SettingsGroup,
+    fields_of,
+    group_of,
+)
 from devplug._version import version
 from devplug.errors import ConfigError
-from devplug.health import HealthSettings
 
-__all__ = ["Settings", "describe_fields", "load_settings"]
+__all__ = [
+    "GROUPS",
+    "ApiGroup",
+    "CdiGroup",
+    "ConfigGroup",
+    "DraGroup",
+    "HealthGroup",
+    "HostGroup",
+    "KubeletGroup",
+    "LoggingGroup",
+    "MetricsGroup",
+    "RegistrationGroup",
+    "ServingGroup",
+    "Settings",
+    "SettingsGroup",
+    "describe_fields",
+    "fields_of",
+    "group_of",
+    "load_settings",
+]
 
 S = TypeVar("S", bound="Settings")
 
 
-class Settings(BaseSettings):
+# pydantic orders the fields of a class with several bases from the last base to the first: the
+# groups are listed backwards so that the fields (and the usage line of --help) follow GROUPS.
+class Settings(
+    HealthGroup,
+    DraGroup,
+    HostGroup,
+    CdiGroup,
+    ConfigGroup,
+    MetricsGroup,
+    LoggingGroup,
+    ServingGroup,
+    RegistrationGroup,
+    KubeletGroup,
+    ApiGroup,
+    BaseSettings,
+):
     """How a devplug process finds and talks to the kubelet."""
 
     model_config = SettingsConfigDict(
@@ -47,125 +101,6 @@ class Settings(BaseSettings):
         cli_implicit_flags=True,
         cli_hide_none_type=True,  # "--node-name str", not "{str,null}"
     )
-
-    api: Literal["device-plugin", "dra"] = "device-plugin"
-    """Which Kubernetes API serves the devices: device-plugin (extended resources through the
-    kubelet's device manager) or dra (Dynamic Resource Allocation: ResourceSlices published
-    through the API server, claims prepared for the kubelet; Kubernetes >= 1.32)."""
-    kubelet_root: Path = Path("/var/lib/kubelet")
-    """The kubelet's root directory; device-plugins/, plugins_registry/ and plugins/ are found
-    under it unless given one by one (k3s: /var/lib/rancher/k3s/agent/kubelet)."""
-    device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
-    """The kubelet's device-plugin directory (default: device-plugins under kubelet_root)."""
-    kubelet_socket: Path | None = None
-    """The kubelet's registration socket; default: kubelet.sock in the device-plugin directory."""
-    registration: Literal["kubelet", "watcher"] = "kubelet"
-    """kubelet: Register on kubelet.sock; watcher: a socket in the plugins_registry directory."""
-    plugins_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
-    """The kubelet's plugin-watcher directory (registration=watcher, and api=dra); default:
-    plugins_registry under kubelet_root."""
-    endpoint_host_dir: Path | None = None
-    """registration=watcher: the plugins_registry directory as the host sees it, when this process
-    sees it at another path (a container mount); default: let the kubelet use the path it found."""
-    register_timeout: float = 15.0
-    """Seconds one Register call may take (kubelet >= 1.26 dials back within it, 10 s at most)."""
-    retry_initial: float = 0.05
-    """Seconds before the first Register retry; doubles per failure, jittered."""
-    retry_max: float = 10.0
-    """Cap, in seconds, of the delay between Register retries (retries never stop)."""
-    shutdown_grace: float = 0.5
-    """Seconds in-flight RPCs get to finish on shutdown or restart."""
-    log_format: Literal["auto", "json", "console"] = "auto"
-    """auto: JSON when stderr (where logs go) is not a terminal, console otherwise."""
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    """Lowest level logged."""
-    metrics_address: str | None = None
-    """HOST:PORT (or :PORT for every interface) serving /metrics, /healthz, /readyz and
-    /debug/state; off unless set (needs the metrics extra: pip install 'devplug[metrics]')."""
-    config: Path | None = None
-    """A YAML or JSON file of settings (field names as keys); flags and DEVPLUG_* override it."""
-    cdi_dir: Path = Path("/var/run/cdi")
-    """Where the CDI specs of plugins that define cdi_spec are written (runtimes read it)."""
-    host_path_check: Literal["off", "warn", "refuse"] = "warn"
-    """Host paths of the device nodes and mounts that Allocate answers (and, under DRA, the
-    default prepare of a claim) that are missing: refuse fails the allocation or the claim with
-    the path named, warn logs it, off checks nothing."""
-    host_root: Path = Path("/")
-    """Where this process sees the host's root filesystem (e.g. /host in a container); host
-    paths are checked under it."""
-    insecure_dir: Literal["refuse", "warn"] = "refuse"
-    """A kubelet directory this process uses (device-plugin, plugins_registry, the kubelet
-    socket's) that every user may write to, or that lies under such a directory without the
-    sticky bit: anyone could then replace the kubelet's socket or this plugin's. refuse exits
-    at start with one line (status 2) naming it; warn logs insecure_directory and starts."""
-    driver_name: str | None = None
-    """api=dra: the DRA driver name (a DNS subdomain, e.g. gpu.example.com), identical in
-    ResourceSlices, DeviceClass selectors and claims; default: the resource name turned around
-    (example.com/gpu -> gpu.example.com)."""
-    node_name: str | None = Field(default_factory=lambda: os.environ.get("NODE_NAME") or None)
-    """api=dra: this node's name, the owner and pool of the published ResourceSlices (default:
-    the NODE_NAME environment variable, set from spec.nodeName through the downward API)."""
-    kubeconfig: Path | None = None
-    """api=dra: a kubeconfig file for the API server; default: the pod's service account
-    (in-cluster), else $KUBECONFIG or ~/.kube/config."""
-    pod_uid: str | None = Field(default_factory=lambda: os.environ.get("POD_UID") or None)
-    """api=dra: this pod's UID (default: the POD_UID environment variable); when set, the
-    sockets carry it, so an old and a new pod of a rolling update serve side by side."""
-    health: HealthSettings = HealthSettings()
-    """Health policy thresholds for plugins that use devplug.health (health: in a config file)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _under_kubelet_root(cls, data: Any) -> Any:
-        # The kubelet's directories follow --kubelet-root unless they are given themselves.
-        if isinstance(data, dict) and data.get("kubelet_root") is not None:
-            root = Path(data["kubelet_root"])
-            data = dict(data)
-            data.setdefault("device_plugin_dir", root / "device-plugins")
-            data.setdefault("plugins_registry_dir", root / "plugins_registry")
-        return data
-
-    @field_validator("register_timeout", "retry_initial", "retry_max", "shutdown_grace")
-    @classmethod
-    def _positive(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError("must be greater than 0")
-        return value
-
-    @field_validator("driver_name")
-    @classmethod
-    def _driver_name(cls, value: str | None) -> str | None:
-        if value is not None and not is_dns_subdomain(value, 63):
-            raise ValueError(
-                "a DRA driver name is a lowercase DNS subdomain of at most 63 characters "
-                "(letters, digits, '-' and '.', e.g. gpu.example.com)"
-            )
-        return value
-
-    @field_validator("node_name")
-    @classmethod
-    def _node_name(cls, value: str | None) -> str | None:
-        if value is not None and not is_dns_subdomain(value, 253):
-            raise ValueError("a node name is a lowercase DNS subdomain of at most 253 characters")
-        return value
-
-    @field_validator("metrics_address")
-    @classmethod
-    def _host_port(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]*):\d{1,5}", value):
-            raise ValueError("expected HOST:PORT, :PORT or [IPv6]:PORT")
-        if value is not None and int(value.rpartition(":")[2]) > 65535:
-            raise ValueError("port must be at most 65535")
-        return value
-
-    @property
-    def dra_plugins_dir(self) -> Path:
-        """``<kubelet_root>/plugins``: each DRA driver's socket and state live in a directory in it."""
-        return self.kubelet_root / "plugins"
-
-    @property
-    def kubelet_socket_path(self) -> Path:
-        return self.kubelet_socket or self.device_plugin_dir / "kubelet.sock"
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -188,7 +123,7 @@ def load_settings(cls: type[S], argv: list[str] | None = None, *, prog: str | No
     parser = _OneLineParser(prog=prog, description=(cls.__doc__ or "").strip())
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     cli: CliSettingsSource[Any] = CliSettingsSource(cls, root_parser=parser, cli_prog_name=prog)
-    word_metavars(parser)  # before parsing: --help prints them
+    lay_out_help(parser)  # before parsing: --help prints it
     cli_values: dict[str, Any] = cli(args=args)()
     config = cli_values.get("config") or os.environ.get("DEVPLUG_CONFIG")
     file_values = _read_config(Path(config)) if config else {}
@@ -301,6 +236,41 @@ def word_metavars(parser: argparse.ArgumentParser) -> None:
             action.metavar = _METAVAR_BY_TYPE[metavar]
         elif metavar.startswith(("tuple[", "list[")):
             action.metavar = "JSON"
+
+
+def lay_out_help(parser: argparse.ArgumentParser) -> None:
+    """The ``--help`` of a parser pydantic-settings filled from a :class:`Settings` class: word
+    placeholders (:func:`word_metavars`), a section per group of :data:`GROUPS`, and no
+    "(default factory: ...)" after a help text, which names a Python function (the text says what
+    the default is)."""
+    word_metavars(parser)
+    group_sections(parser)
+    for action in parser._actions:
+        if action.help:
+            action.help = re.sub(r" ?\(default factory: [^()]*\)$", "", action.help)
+
+
+def group_sections(parser: argparse.ArgumentParser) -> None:
+    """Move the runner's options out of "options:" into a section per group (``kubelet options:``
+    ...), in the order of :data:`GROUPS`; a backend's own options stay under "options:", first."""
+    optionals = parser._optionals
+    titled = {section.title: section for section in parser._action_groups}
+    sections: list[argparse._ArgumentGroup] = []
+    for name, group in GROUPS.items():
+        moved = [action for action in optionals._group_actions if action.dest in group.model_fields]
+        # A nested model (health) has its section already, made by pydantic-settings.
+        section = titled.get(f"{name} options")
+        if section is None and moved:
+            section = parser.add_argument_group(f"{name} options", description=group.__doc__)
+        if section is None:
+            continue
+        for action in moved:
+            optionals._group_actions.remove(action)
+            section._group_actions.append(action)
+        sections.append(section)
+    others = [section for section in parser._action_groups if section not in sections]
+    # argparse makes "positional arguments" and "options" first; the groups follow them.
+    parser._action_groups[:] = [*others[:2], *sections, *others[2:]]
 
 
 def keys_at(model: type[BaseModel], loc: Sequence[int | str]) -> list[str]:

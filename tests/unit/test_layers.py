@@ -59,7 +59,18 @@ def test_the_shared_runtime_never_imports_a_service() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["models", "errors", "policies", "topology", "cdi", "health", "_hooks", "_resource_claim"]
+    "module",
+    [
+        "models",
+        "errors",
+        "policies",
+        "topology",
+        "cdi",
+        "health",
+        "_hooks",
+        "_resource_claim",
+        "_settings_groups",
+    ],
 )
 def test_pure_modules_have_no_grpc(module: str) -> None:
     bad = ("grpc", "devplug._proto", "devplug._runtime", "devplug._device_plugin")

@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from devplug import ConfigError, HealthSettings, Settings, load_settings
-from devplug.settings import describe_fields
+from devplug.settings import GROUPS, KubeletGroup, RegistrationGroup, describe_fields, fields_of, group_of
 from devplug_fake._config import FakeSettings
 from devplug_nvidia.config import NvidiaSettings
 
@@ -223,7 +223,7 @@ def _no_downward_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 def test_every_field_is_in_the_interface_table() -> None:
-    assert list(Settings.model_fields) == sorted(Settings.model_fields, key=INTERFACE_IDS.index)
+    assert sorted(Settings.model_fields) == sorted(INTERFACE_IDS)
 
 
 @pytest.mark.usefixtures("_no_downward_api")
@@ -273,3 +273,46 @@ def test_backends_keep_the_runner_settings(cls: type[Settings]) -> None:
     assert {row[0]: getattr(given, row[0]) for row in INTERFACE if row[0] != "config"} == {
         row[0]: row[5] for row in INTERFACE if row[0] != "config"
     }
+
+
+# -- the groups ----------------------------------------------------------------------------------
+
+
+def test_every_setting_is_in_one_group() -> None:
+    grouped = [name for group in GROUPS for name in fields_of(group)]
+    assert sorted(grouped) == sorted(Settings.model_fields)
+    assert list(Settings.model_fields) == grouped  # the fields follow the groups' order
+    assert fields_of("kubelet")[:3] == ("kubelet_root", "device_plugin_dir", "kubelet_socket")
+    assert (group_of("log_level"), group_of("health"), group_of("count")) == ("logging", "health", None)
+    with pytest.raises(KeyError):
+        fields_of("kubelets")
+
+
+@pytest.mark.usefixtures("_no_downward_api")
+def test_settings_is_each_group() -> None:
+    settings = load_settings(Settings, ["--kubelet-root", "/k"])
+    assert all(isinstance(settings, group) for group in GROUPS.values())
+    assert (settings.dra_plugins_dir, settings.kubelet_socket_path) == (
+        Path("/k/plugins"),
+        Path("/k/device-plugins/kubelet.sock"),
+    )
+    # A group is a model of its own too, with its validators.
+    assert KubeletGroup(kubelet_root=Path("/k")).plugins_registry_dir == Path("/k/plugins_registry")
+    with pytest.raises(ValueError, match="must be greater than 0"):
+        RegistrationGroup(retry_max=0)
+
+
+@pytest.mark.parametrize("cls", [Settings, FakeSettings, NvidiaSettings], ids=lambda c: c.__name__)
+def test_help_has_a_section_per_group(cls: type[Settings], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        load_settings(cls, ["--help"], prog="p")
+    text = capsys.readouterr().out
+    titles = re.findall(r"^(\w+) options:$", text, re.MULTILINE)
+    assert titles == list(GROUPS)
+    for group in GROUPS:
+        section = text.split(f"\n{group} options:\n", 1)[1].split(" options:\n", 1)[0]
+        for name in fields_of(group):
+            assert f"--{name.replace('_', '-')}" in section
+    assert "default factory" not in text  # a Python function's name is no help
+    if cls is FakeSettings:  # a backend's own options come first, under "options:"
+        assert re.search(r"^options:\n(.*\n)*  --resource NAME", text.split("api options:")[0], re.MULTILINE)
