@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from devplug_nvidia.testing import _errors as C
@@ -9,7 +10,7 @@ from devplug_nvidia.testing._profiles import A100_40GB_PROFILES
 from devplug_nvidia.testing._specs import GpuSpec, MachineModel, MigInstance, NvLink
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
 _SWITCH = C.NVML_NVLINK_DEVICE_TYPE_SWITCH
 
@@ -22,6 +23,28 @@ def _levels(n: int, level: Callable[[int, int], int]) -> tuple[tuple[int, ...], 
     return tuple(
         tuple(C.NVML_TOPOLOGY_INTERNAL if i == j else level(min(i, j), max(i, j)) for j in range(n))
         for i in range(n)
+    )
+
+
+def _gpus(
+    gpu: GpuSpec,
+    buses: Sequence[int],
+    numa: Sequence[int | None] | None = None,
+    nvlinks: Sequence[tuple[NvLink, ...] | None] | None = None,
+) -> tuple[GpuSpec, ...]:
+    """A model's GPUs, alike but for where they sit: ``gpu`` at each PCI bus of ``buses``.
+
+    ``gpu``'s own ``bus_id`` is left empty. ``numa`` and ``nvlinks`` give each GPU's NUMA node and
+    links in the order of ``buses``; without them every GPU keeps ``gpu``'s.
+    """
+    return tuple(
+        replace(
+            gpu,
+            bus_id=_bus(bus),
+            numa_node=gpu.numa_node if numa is None else numa[index],
+            nvlinks=gpu.nvlinks if nvlinks is None else nvlinks[index],
+        )
+        for index, bus in enumerate(buses)
     )
 
 
@@ -48,18 +71,18 @@ def _pair_level(i: int, j: int) -> int:
 DGX_A100 = MachineModel(
     name="dgx-a100",
     description="8 x A100-SXM4-40GB on NVSwitch (NV12), NUMA 3/1/7/5 by pair",
-    gpus=tuple(
+    gpus=_gpus(
         GpuSpec(
             name=_A100,
             memory_mib=40960,
             compute_capability=(8, 0),
-            bus_id=_bus(bus),
-            numa_node=numa,
+            bus_id="",
             nvlinks=_switch_links(_DGXA100_SWITCHES, (2, 2, 2, 2, 2, 2)),
             mig_capable=True,
             gi_profiles=A100_40GB_PROFILES,
-        )
-        for bus, numa in zip(_DGXA100_BUS, _DGXA100_NUMA, strict=True)
+        ),
+        _DGXA100_BUS,
+        numa=_DGXA100_NUMA,
     ),
     levels=_levels(8, _pair_level),
     switch_bus_ids=_DGXA100_SWITCHES,
@@ -70,17 +93,17 @@ _DGXH100_SWITCHES = tuple(_bus(b) for b in (0xA5, 0xA6, 0xA7, 0xA8))
 DGX_H100 = MachineModel(
     name="dgx-h100",
     description="8 x H100 80GB HBM3 on NVSwitch (NV18), GPU0-3 NUMA 0, GPU4-7 NUMA 1",
-    gpus=tuple(
+    gpus=_gpus(
         GpuSpec(
             name="NVIDIA H100 80GB HBM3",
             memory_mib=81559,
             compute_capability=(9, 0),
-            bus_id=_bus(bus),
-            numa_node=index // 4,
+            bus_id="",
             nvlinks=_switch_links(_DGXH100_SWITCHES, (5, 4, 4, 5)),
             mig_capable=True,
-        )
-        for index, bus in enumerate((0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF))
+        ),
+        (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF),
+        numa=(0, 0, 0, 0, 1, 1, 1, 1),
     ),
     levels=_levels(8, lambda i, j: C.NVML_TOPOLOGY_NODE if i // 4 == j // 4 else C.NVML_TOPOLOGY_SYSTEM),
     driver_version="560.35.03",
@@ -94,16 +117,10 @@ _PCIE_LEVELS = {(0, 1): C.NVML_TOPOLOGY_SINGLE, (2, 3): C.NVML_TOPOLOGY_NODE}
 PCIE_A10 = MachineModel(
     name="pcie-a10",
     description="4 x A10 on PCIe, two NUMA nodes, PIX/NODE/SYS, no NVLink",
-    gpus=tuple(
-        GpuSpec(
-            name="NVIDIA A10",
-            memory_mib=23028,
-            compute_capability=(8, 6),
-            bus_id=_bus(bus),
-            numa_node=numa,
-            nvlinks=None,
-        )
-        for bus, numa in ((0x17, 0), (0x18, 0), (0xB1, 1), (0xCA, 1))
+    gpus=_gpus(
+        GpuSpec(name="NVIDIA A10", memory_mib=23028, compute_capability=(8, 6), bus_id="", nvlinks=None),
+        (0x17, 0x18, 0xB1, 0xCA),
+        numa=(0, 0, 1, 1),
     ),
     levels=_levels(4, lambda i, j: _PCIE_LEVELS.get((i, j), C.NVML_TOPOLOGY_SYSTEM)),
 )
@@ -130,16 +147,10 @@ def _mesh_links(index: int) -> tuple[NvLink, ...]:
 NVLINK_V100 = MachineModel(
     name="nvlink-v100",
     description="4 x V100-SXM2-16GB hybrid cube mesh (NV2/NV1 direct links), no NUMA affinity",
-    gpus=tuple(
-        GpuSpec(
-            name="Tesla V100-SXM2-16GB",
-            memory_mib=16160,
-            compute_capability=(7, 0),
-            bus_id=_bus(bus),
-            numa_node=None,
-            nvlinks=_mesh_links(index),
-        )
-        for index, bus in enumerate(_V100_BUS)
+    gpus=_gpus(
+        GpuSpec(name="Tesla V100-SXM2-16GB", memory_mib=16160, compute_capability=(7, 0), bus_id=""),
+        _V100_BUS,
+        nvlinks=[_mesh_links(index) for index in range(len(_V100_BUS))],
     ),
     levels=_levels(
         4, lambda i, j: C.NVML_TOPOLOGY_SINGLE if (i, j) in ((0, 2), (1, 3)) else C.NVML_TOPOLOGY_HOSTBRIDGE
@@ -200,17 +211,17 @@ MIG_UNIFORM = MachineModel(
 LEGACY_K80 = MachineModel(
     name="legacy-k80",
     description="2 x Tesla K80 on one board: event registration NOT_SUPPORTED, no NVLink, no MIG",
-    gpus=tuple(
+    gpus=_gpus(
         GpuSpec(
             name="Tesla K80",
             memory_mib=11441,
             compute_capability=(3, 7),
-            bus_id=_bus(bus),
+            bus_id="",
             numa_node=0,
             nvlinks=None,
             events_supported=False,
-        )
-        for bus in (0x05, 0x06)
+        ),
+        (0x05, 0x06),
     ),
     levels=_levels(2, lambda i, j: C.NVML_TOPOLOGY_INTERNAL),
     driver_version="470.256.02",

@@ -206,7 +206,7 @@ async def test_without_the_option_the_same_xid_is_noschedule(short_dir: Path) ->
 
 async def test_a_monitor_is_not_run_twice(short_dir: Path) -> None:
     """A second run of a monitor that watches already (the device stream's here; a server's of
-    its own in tests/nvidia/test_nvidia_dra_health.py) opens no second event set, and its end
+    its own in tests/nvidia/dra/test_nvidia_dra_health.py) opens no second event set, and its end
     leaves the first one watching."""
     async with served(short_dir) as s:
         health = s.plugin.health
