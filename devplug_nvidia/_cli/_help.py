@@ -17,7 +17,7 @@ from typing import Any
 from pydantic_settings import CliSettingsSource
 
 from devplug._version import version
-from devplug.settings import Settings, describe_fields, wants_help, word_metavars
+from devplug.settings import Settings, describe_fields, lay_out_help, wants_help
 from devplug_nvidia._cli._fake_root import model_names, models_help
 from devplug_nvidia.config import NvidiaSettings
 
@@ -109,6 +109,6 @@ def help_text(prog: str) -> str:
             action.metavar = f"{repeated[1]}[,{repeated[1]}]"  # an option not named above
         if action.dest in own and action.help != argparse.SUPPRESS:
             action.help = _own_help(action.dest)
-    word_metavars(parser)  # the runner's options: DIR, SECONDS, HOST:PORT...
+    lay_out_help(parser)  # the runner's options: DIR, SECONDS, HOST:PORT..., in their groups
     # The epilog goes after as it is: argparse would refill its lines.
     return f"{parser.format_help()}\n{_COMMANDS}{models_help()}\n"
