@@ -28,39 +28,13 @@ from typing import Any, NoReturn, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
-from devplug._settings_groups import (
-    GROUPS,
-    ApiGroup,
-    CdiGroup,
-    ConfigGroup,
-    DraGroup,
-    HealthGroup,
-    HostGroup,
-    KubeletGroup,
-    LoggingGroup,
-    MetricsGroup,
-    RegistrationGroup,
-    ServingGroup,
-    SettingsGroup,
-    fields_of,
-    group_of,
-)
+from devplug import _settings_groups as _groups
+from devplug._settings_groups import GROUPS, SettingsGroup, fields_of, group_of
 from devplug._version import version
 from devplug.errors import ConfigError
 
 __all__ = [
     "GROUPS",
-    "ApiGroup",
-    "CdiGroup",
-    "ConfigGroup",
-    "DraGroup",
-    "HealthGroup",
-    "HostGroup",
-    "KubeletGroup",
-    "LoggingGroup",
-    "MetricsGroup",
-    "RegistrationGroup",
-    "ServingGroup",
     "Settings",
     "SettingsGroup",
     "describe_fields",
@@ -75,17 +49,17 @@ S = TypeVar("S", bound="Settings")
 # pydantic orders the fields of a class with several bases from the last base to the first: the
 # groups are listed backwards so that the fields (and the usage line of --help) follow GROUPS.
 class Settings(
-    HealthGroup,
-    DraGroup,
-    HostGroup,
-    CdiGroup,
-    ConfigGroup,
-    MetricsGroup,
-    LoggingGroup,
-    ServingGroup,
-    RegistrationGroup,
-    KubeletGroup,
-    ApiGroup,
+    _groups.HealthGroup,
+    _groups.DraGroup,
+    _groups.HostGroup,
+    _groups.CdiGroup,
+    _groups.ConfigGroup,
+    _groups.MetricsGroup,
+    _groups.LoggingGroup,
+    _groups.ServingGroup,
+    _groups.RegistrationGroup,
+    _groups.KubeletGroup,
+    _groups.ApiGroup,
     BaseSettings,
 ):
     """How a devplug process finds and talks to the kubelet."""

@@ -8,7 +8,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from devplug import ConfigError, HealthSettings, Settings, load_settings
-from devplug.settings import GROUPS, KubeletGroup, RegistrationGroup, describe_fields, fields_of, group_of
+from devplug._settings_groups import KubeletGroup, RegistrationGroup
+from devplug.settings import GROUPS, describe_fields, fields_of, group_of
 from devplug_fake._config import FakeSettings
 from devplug_nvidia.config import NvidiaSettings
 
