@@ -7,7 +7,7 @@ The API server's ``/openapi/v3/api/v1`` and ``/openapi/v3/apis/resource.k8s.io/v
 to what FakeKubeAPI serves (see :func:`trim`): the paths of its kinds (from ``KINDS``), the
 schemas those paths reach, no ``description`` anywhere, and only the media types the fake speaks.
 The result is written, gzipped and byte-for-byte reproducible, to
-``devplug/testing/_kubeapi/openapi.json.gz`` (package data). tests/testing/test_kubeapi_kubectl.py
+``devplug/testing/_kubeapi/openapi.json.gz`` (package data). tests/testing/kubeapi/test_kubeapi_kubectl.py
 checks the committed file against a real API server with the same function, so it cannot drift.
 """
 

@@ -24,7 +24,7 @@ from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
 from devplug.testing import FakeKubeAPI, FakeKubelet
 from tests.testing.dra_driver import NODE as DRA_NODE
 from tests.testing.dra_driver import RawDraDriver
-from tests.testing.real_api import kube, real_api_server  # noqa: F401  (fixtures)
+from tests.testing.kubeapi.real_api import kube, real_api_server  # noqa: F401  (fixtures)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 RawList = list[tuple[str, str, tuple[int, ...]]]

@@ -3,7 +3,7 @@
 kubectl reads them for ``apply`` (the patch strategies of lists), for ``--validate`` (whether the
 server takes ``fieldValidation``) and for ``explain``. They are the real kube-apiserver's own
 documents cut down to the kinds served here, without descriptions (package data made by
-scripts/gen_openapi.py, which tests/testing/test_kubeapi_kubectl.py checks against a real one).
+scripts/gen_openapi.py, which tests/testing/kubeapi/test_kubeapi_kubectl.py checks against a real one).
 As there, the index names each document with the SHA-512 of its bytes; a request with that
 ``hash`` may be cached for good, one with a stale hash is redirected to the current one.
 """

@@ -63,7 +63,7 @@ class FakeKubeAPI(KubeAPIHelpers):
     does a value of the wrong JSON type or a capacity that is not a quantity (the server cannot
     decode those, so they are 400, not 422).
 
-    Held against a real kube-apiserver 1.37 with etcd (tests/testing/real_api.py: the same
+    Held against a real kube-apiserver 1.37 with etcd (tests/testing/kubeapi/real_api.py: the same
     tests run against both, found as envtest finds the binaries). Where it knowingly differs from
     a real API server: no authentication or authorization (all
     is allowed unless :meth:`fail` says otherwise); no admission (a Node created over HTTP gets

@@ -1,5 +1,5 @@
 """Watches, held against the real API server: each test runs against FakeKubeAPI and against a
-real kube-apiserver with etcd (tests/testing/real_api.py), with the same assertions.
+real kube-apiserver with etcd (tests/testing/kubeapi/real_api.py), with the same assertions.
 
 What only the fake can be made to do on demand (compaction, a bounded history, bookmarks every
 0.1 s) stays in test_kubeapi_watch.py; here the real server decides.
@@ -18,8 +18,8 @@ import pytest
 from lightkube import ApiError
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from tests.testing.real_api import Kube
-from tests.testing.test_kubeapi_kit import NODE, SLICES, slice_body
+from tests.testing.kubeapi.real_api import Kube
+from tests.testing.kubeapi.test_kubeapi_kit import NODE, SLICES, slice_body
 
 pytestmark = pytest.mark.anyio
 

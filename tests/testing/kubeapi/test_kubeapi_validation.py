@@ -9,8 +9,8 @@ import httpx2
 import pytest
 
 from devplug.testing._kubeapi.validation import validate_slice
-from tests.testing.real_api import Kube, RealAPI
-from tests.testing.test_kubeapi_kit import (
+from tests.testing.kubeapi.real_api import Kube, RealAPI
+from tests.testing.kubeapi.test_kubeapi_kit import (
     NODE,
     SLICES,
     Body,
@@ -353,7 +353,7 @@ def test_invalid_slices(case: str, change: Callable[[Body], None], path: str, te
     assert any(e.field == path and text in e.body for e in errors), [str(e) for e in errors]
 
 
-# -- the same tables on a real kube-apiserver (tests/testing/real_api.py) --------------------------
+# -- the same tables on a real kube-apiserver (tests/testing/kubeapi/real_api.py) --------------------------
 
 
 async def _post_to_real(real: RealAPI, body: Body) -> httpx2.Response:

@@ -12,9 +12,9 @@ from lightkube import ApiError
 from lightkube.resources.resource_v1 import ResourceSlice
 
 from devplug.testing import FakeKubeAPI
-from tests.testing.real_api import Kube
-from tests.testing.test_kubeapi_kit import slice_body
-from tests.testing.test_kubeapi_watch_real import first, raw_lines
+from tests.testing.kubeapi.real_api import Kube
+from tests.testing.kubeapi.test_kubeapi_kit import slice_body
+from tests.testing.kubeapi.test_kubeapi_watch_real import first, raw_lines
 
 pytestmark = pytest.mark.anyio
 

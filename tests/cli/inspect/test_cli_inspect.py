@@ -22,7 +22,7 @@ from devplug.testing import FakeKubelet
 from devplug.testing._process import signal_child
 
 pytestmark = pytest.mark.anyio
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RESOURCE = "example.com/fake"
 STATE = [
     {"id": "fake-0", "numa_node": 0},
@@ -289,7 +289,7 @@ def test_bad_arguments_exit_2(args: list[str], message: str) -> None:
 
 async def test_health_strings_shown_as_sent(short_dir: Path) -> None:
     # A plugin that sends "healthy": shown as sent, and read as the kubelet reads it.
-    script = Path(__file__).with_name("broken_plugins.py")
+    script = Path(__file__).parents[1] / "broken_plugins.py"
     env = {**os.environ, "DEVPLUG_DEVICE_PLUGIN_DIR": str(short_dir)}
     command = [sys.executable, str(script), "lowercase-health"]
     async with await anyio.open_process(command, env=env, stderr=subprocess.DEVNULL) as process:

@@ -28,9 +28,9 @@ from devplug.cli.kubelet.dra import (
 )
 from devplug.testing import DraRegistration
 from devplug.testing._process import signal_child
-from tests.cli.test_cli_kubelet import devplug_kubelet, read_until, write_state
+from tests.cli.kubelet.test_cli_kubelet import devplug_kubelet, read_until, write_state
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DRIVER = "fake.example.com"
 NODE = "node-k"
 

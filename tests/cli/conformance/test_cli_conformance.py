@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BROKEN = str(Path(__file__).with_name("broken_plugins.py"))
+ROOT = Path(__file__).resolve().parents[3]
+BROKEN = str(Path(__file__).parents[1] / "broken_plugins.py")
 
 
 def conformance(*args: str) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,7 @@ import pytest
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from devplug.testing import AllocationError, FakeKubeAPI
-from tests.testing.test_kubeapi_kit import DRIVER, NODE, device, slice_body
+from tests.testing.kubeapi.test_kubeapi_kit import DRIVER, NODE, device, slice_body
 
 pytestmark = pytest.mark.anyio
 

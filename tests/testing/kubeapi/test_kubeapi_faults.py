@@ -12,7 +12,7 @@ from lightkube import ApiError
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimStatus, ResourceSlice
 
 from devplug.testing import FakeKubeAPI, RecordedRequest
-from tests.testing.test_kubeapi_kit import NODE, SLICES, raw, slice_body
+from tests.testing.kubeapi.test_kubeapi_kit import NODE, SLICES, raw, slice_body
 
 pytestmark = pytest.mark.anyio
 

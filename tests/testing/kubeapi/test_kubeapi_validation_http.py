@@ -10,7 +10,7 @@ from lightkube import ApiError
 from lightkube.resources.resource_v1 import ResourceSlice
 
 from devplug.testing import FakeKubeAPI
-from tests.testing.test_kubeapi_kit import (
+from tests.testing.kubeapi.test_kubeapi_kit import (
     Body,
     device,
     pool,

@@ -18,11 +18,11 @@ from anyio.abc import Process
 
 from devplug._proto.dra.v1 import api_pb2 as v1
 from devplug.testing._process import signal_child
-from tests.cli.test_cli_inspect import inspect, one_line, read_line
+from tests.cli.inspect.test_cli_inspect import inspect, one_line, read_line
 from tests.testing.dra_driver import DRIVER, NODE, RawDraDriver
 
 pytestmark = pytest.mark.anyio
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @asynccontextmanager

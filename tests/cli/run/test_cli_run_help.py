@@ -4,6 +4,7 @@ placeholders, the version in the start event, and one line for a plugin class th
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -17,10 +18,11 @@ from pathlib import Path
 import anyio
 import pytest
 
+from devplug.settings import GROUPS
 from devplug.testing import FakeKubelet
 from devplug.testing._process import signal_child
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VERSION = version("devplug")
 DEVPLUG = [sys.executable, "-m", "devplug"]
 NVIDIA = [sys.executable, "-m", "devplug_nvidia"]
@@ -77,8 +79,10 @@ def test_help_placeholders_are_words(argv: list[str]) -> None:
         assert placeholder in text
     assert "--metrics-address HOST:PORT" in text
     assert "--version" in text
-    for generated in ("{Path", "null}", "tuple[", " Path", " float", " str]", " int]"):
+    for generated in ("{Path", "null}", "tuple[", " Path", " float", " str]", " int]", "default factory"):
         assert generated not in text, f"{generated!r} in {argv[-2:]} help"
+    # The runner's options in a section per group, after the command's own.
+    assert re.findall(r"^(\w+) options:$", text, re.MULTILINE) == list(GROUPS)
 
 
 def test_nvidia_help_names_the_subcommands() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from devplug.testing import FakeKubeAPI, FakeKubelet, HealthReport
 from tests.testing.dra_driver import DRIVER, NODE
-from tests.testing.test_kubeapi_kit import post_slice, slice_body
+from tests.testing.kubeapi.test_kubeapi_kit import post_slice, slice_body
 
 if TYPE_CHECKING:
     from tests.testing.conftest import MakeDraDriver

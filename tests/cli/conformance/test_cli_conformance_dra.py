@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_cli_conformance import conformance, table
+from tests.cli.conformance.test_cli_conformance import conformance, table
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = str(ROOT / "tests" / "testing" / "dra_script_driver.py")
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = str(ROOT / "tests" / "testing" / "conformance" / "dra_script_driver.py")
 FAKE = [sys.executable, "-m", "devplug_fake", "--api", "dra", "--driver-name", "fake.example.com"]
 PLACES = ["--kubelet-root", "{kubelet_root}", "--cdi-dir", "{cdi_dir}"]
 

@@ -9,7 +9,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimStatus, ResourceSlice
 
 from devplug.testing import FakeKubeAPI
-from tests.testing.test_kubeapi_kit import DRIVER, NODE, device, slice_body
+from tests.testing.kubeapi.test_kubeapi_kit import DRIVER, NODE, device, slice_body
 
 pytestmark = pytest.mark.anyio
 

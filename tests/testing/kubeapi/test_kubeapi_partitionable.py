@@ -12,7 +12,7 @@ import pytest
 
 from devplug.testing import FakeKubeAPI
 from devplug.testing._kubeapi.strategy import drop_disabled_fields
-from tests.testing.test_kubeapi_kit import SLICES, device, post_slice, raw, slice_body, taint
+from tests.testing.kubeapi.test_kubeapi_kit import SLICES, device, post_slice, raw, slice_body, taint
 
 pytestmark = pytest.mark.anyio
 

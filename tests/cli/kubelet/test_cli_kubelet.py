@@ -20,7 +20,7 @@ from devplug.cli.kubelet.command import Table, registration_line, table_lines
 from devplug.testing import FakeKubelet, Registration, serving
 from devplug.testing._process import signal_child
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RESOURCE = "example.com/fake"
 
 

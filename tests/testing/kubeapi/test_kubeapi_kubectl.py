@@ -1,6 +1,6 @@
 """The real kubectl against FakeKubeAPI and a real kube-apiserver: the same commands, the same outcomes.
 
-Each test runs twice through the ``kube`` fixture (tests/testing/real_api.py). kubectl comes from
+Each test runs twice through the ``kube`` fixture (tests/testing/kubeapi/real_api.py). kubectl comes from
 the same assets directory as the real API server (KUBEBUILDER_ASSETS; ``e2e/node build`` makes
 one); without it the tests are skipped with the reason, and fail where ``DEVPLUG_E2E_REQUIRED``
 is set. The last test checks FakeKubeAPI's OpenAPI documents against the real server's.
@@ -23,8 +23,8 @@ import anyio
 import pytest
 import yaml
 
-from tests.testing.real_api import ROOT, Kube, RealAPI, assets, kube, real_api_server  # noqa: F401  (fixtures)
-from tests.testing.test_kubeapi_kit import SLICES
+from tests.testing.kubeapi.real_api import ROOT, Kube, RealAPI, assets, kube, real_api_server  # noqa: F401  (fixtures)
+from tests.testing.kubeapi.test_kubeapi_kit import SLICES
 
 pytestmark = pytest.mark.anyio
 

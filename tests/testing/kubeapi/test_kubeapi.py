@@ -14,8 +14,8 @@ from lightkube.resources.resource_v1 import ResourceSlice
 from lightkube.types import PatchType
 
 from devplug.testing import FakeKubeAPI
-from tests.testing.real_api import Kube
-from tests.testing.test_kubeapi_kit import DRIVER, NODE, SLICES, device, post_slice, raw, slice_body
+from tests.testing.kubeapi.real_api import Kube
+from tests.testing.kubeapi.test_kubeapi_kit import DRIVER, NODE, SLICES, device, post_slice, raw, slice_body
 
 pytestmark = pytest.mark.anyio
 
@@ -27,7 +27,7 @@ async def create(client: lightkube.AsyncClient, **kwargs: object) -> ResourceSli
 @pytest.fixture
 async def client(kube: Kube) -> AsyncIterator[lightkube.AsyncClient]:
     """Every test here that takes `client` or `kube` runs twice: against FakeKubeAPI and against a
-    real kube-apiserver with etcd (tests/testing/real_api.py), with the same assertions."""
+    real kube-apiserver with etcd (tests/testing/kubeapi/real_api.py), with the same assertions."""
     async with kube.client() as c:
         yield c
 

@@ -23,9 +23,9 @@ import lightkube
 import pytest
 
 from devplug.testing import FakeKubeAPI
-from tests.testing.test_kubeapi_kit import SLICES
+from tests.testing.kubeapi.test_kubeapi_kit import SLICES
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "e2e"))
 import localnode  # noqa: E402  (e2e/ is not a package)
 
