@@ -50,6 +50,7 @@ import core
 import grpc
 
 from devplug._cdi_files import write_atomically
+from devplug._dra.allocation import PreparedEntry
 from devplug._dra.checkpoint import Checkpoint, PreparedClaim
 from devplug._proto.dra.v1 import api_pb2 as dra_pb
 from devplug._proto.dra.v1 import api_pb2_grpc as dra_grpc
@@ -544,7 +545,7 @@ async def breakdown(workdir: Path, runs: int = 200) -> dict[str, Any]:
         timed("cdi_spec_write_disk", lambda: write_atomically(workdir / "cdi-disk", "spec.json", spec))
         checkpoint = Checkpoint(workdir / "bd" / "checkpoint.json", DRIVER, NODE)
         checkpoint.claims["u"] = PreparedClaim(
-            "u", NAMESPACE, "c", devices=[{"device": f"fake-{i}", "pool": NODE} for i in range(8)]
+            "u", NAMESPACE, "c", devices=[PreparedEntry(device=f"fake-{i}", pool=NODE) for i in range(8)]
         )
         timed("checkpoint_save_disk", checkpoint.save)
         from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice

@@ -5,6 +5,11 @@ and a repeated prepare returns what it holds, rewriting a CDI spec that has gone
 reboot empties /var/run/cdi while this file, under the kubelet's root, survives). A file whose
 checksum does not match, or that belongs to another driver or node, is never reset silently:
 prepares and unprepares fail with the reason until an operator moves it away.
+
+Its format stays readable by every version that shares it (the other pod of a rolling update
+may be an older one): a claim's devices are written as the kubelet's fields in the API's
+spelling (:meth:`~devplug._dra.allocation.PreparedEntry.to_json`), whatever the records in
+memory are.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from devplug._cdi_files import write_atomically
+from devplug._dra.allocation import PreparedEntry
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -32,8 +38,8 @@ class PreparedClaim:
     uid: str
     namespace: str
     name: str
-    devices: list[dict[str, Any]] = field(default_factory=list)
-    """``{"requests": [...], "pool": ..., "device": ..., "cdiDeviceIds": [...]}`` per device."""
+    devices: list[PreparedEntry] = field(default_factory=list)
+    """What the kubelet was told, device by device."""
     spec_file: str | None = None
     """The CDI spec's file name in the CDI directory, if devplug wrote one."""
     spec_text: str | None = None
@@ -83,7 +89,7 @@ class Checkpoint:
                 raise ValueError(f"not a {KIND} version {VERSION}")
             if data.get("checksum") != _checksum(body):
                 raise ValueError("checksum mismatch: the file is corrupted")
-            claims = {uid: PreparedClaim(**claim) for uid, claim in body["claims"].items()}
+            claims = {uid: _claim(uid, claim) for uid, claim in body["claims"].items()}
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             self.error = f"checkpoint {self.path} is unusable ({exc}); move it away to start over"
             return
@@ -120,7 +126,22 @@ class Checkpoint:
 
 def _fields(claim: PreparedClaim) -> dict[str, Any]:
     # Not dataclasses.asdict, which deep-copies every list and dict only to be encoded here.
-    return {f.name: getattr(claim, f.name) for f in fields(claim)}
+    data = {f.name: getattr(claim, f.name) for f in fields(claim)}
+    data["devices"] = [d.to_json() for d in claim.devices]
+    return data
+
+
+def _claim(uid: str, data: dict[str, Any]) -> PreparedClaim:
+    """A claim as :func:`_fields` wrote it.
+
+    Raises:
+        ValueError, TypeError, AttributeError: not such a claim.
+    """
+    devices = data.get("devices") or []
+    if not isinstance(devices, list):
+        raise ValueError(f"claims.{uid}.devices is not a list")
+    entries = [PreparedEntry.from_json(d, f"claims.{uid}.devices[{i}]") for i, d in enumerate(devices)]
+    return PreparedClaim(**{**data, "devices": entries})
 
 
 def _identity(path: Path) -> tuple[int, int, int, int] | None:

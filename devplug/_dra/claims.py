@@ -1,8 +1,9 @@
 """NodePrepareResources and NodeUnprepareResources, claim by claim (dra.md §4, §6, §7).
 
 Prepare: read every claim from the API server (outside the lock), check its UID and that it is
-allocated, keep this driver's results and configs, then under the driver's lock: answer again
-what the checkpoint holds (writing a CDI spec that has gone missing), or prepare afresh
+allocated, parse its allocation once (:mod:`devplug._dra.allocation`; a malformed one is the
+claim's error) and keep this driver's results and configs, then under the driver's lock:
+answer again what the checkpoint holds (writing a CDI spec that has gone missing), or prepare afresh
 (the plugin's ``prepare_claim``, else ``allocate`` once per request, its host paths checked as
 the device-plugin Allocate checks them, written as one CDI spec for the claim; a hook may hand
 over its own spec file, written and kept the same way), checkpoint, answer. A prepare that fails
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 import anyio
 
 from devplug._cdi_files import write_atomically
+from devplug._dra.allocation import AllocationError, PreparedEntry, parse_allocation
 from devplug._dra.checkpoint import PreparedClaim
 from devplug._dra.lock import DriverLock, LockTimeout, lock_wait
 from devplug._dra.names import cdi_device, cdi_kind, claim_spec_file
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
     from pathlib import Path
 
+    from devplug._dra.allocation import Allocation, DeviceConfig, DeviceResult
     from devplug._dra.checkpoint import Checkpoint
     from devplug._dra.inventory import Inventory
     from devplug._resource_claim import ResourceClaimDict
@@ -53,8 +56,16 @@ class ClaimError(Exception):
 class Outcome:
     """One claim's answer: its devices, or an error."""
 
-    devices: list[dict[str, Any]] = field(default_factory=list)
+    devices: list[PreparedEntry] = field(default_factory=list)
     error: str = ""
+
+
+@dataclass(frozen=True)
+class _Read:
+    """A claim as read from the API server, its allocation parsed."""
+
+    claim: dict[str, Any]
+    allocation: Allocation
 
 
 class Preparer:
@@ -100,7 +111,7 @@ class Preparer:
         self._running.add(start)
         try:
             unique, outcomes = _distinct(claims)
-            fetched: dict[str, dict[str, Any]] = {}
+            fetched: dict[str, _Read] = {}
 
             async def fetch(ref: ClaimRef) -> None:
                 try:
@@ -138,15 +149,26 @@ class Preparer:
         self._host_path_check = mode
         self._host_root = root
 
-    def _checked(self, ref: ClaimRef, claim: dict[str, Any]) -> dict[str, Any]:
-        uid = claim.get("metadata", {}).get("uid")
+    def _checked(self, ref: ClaimRef, claim: dict[str, Any]) -> _Read:
+        """The claim's allocation, read once here for the rest of the prepare.
+
+        Raises:
+            ClaimError: the claim is another one by now, not allocated, or its allocation is
+                malformed (the message names the field).
+        """
+        metadata = claim.get("metadata") if isinstance(claim, dict) else None
+        uid = metadata.get("uid") if isinstance(metadata, dict) else None
         if uid != ref.uid:
             raise ClaimError(f"claim {ref} got replaced: its UID is {uid}, the kubelet asked for {ref.uid}")
-        if not (claim.get("status") or {}).get("allocation"):
+        try:
+            allocation = parse_allocation(claim)
+        except AllocationError as exc:
+            raise ClaimError(f"claim {ref}: malformed allocation: {exc}") from None
+        if allocation is None:
             raise ClaimError(f"claim {ref} is not allocated")
-        return claim
+        return _Read(claim, allocation)
 
-    async def _prepare_one(self, ref: ClaimRef, claim: dict[str, Any], start: int) -> list[dict[str, Any]]:
+    async def _prepare_one(self, ref: ClaimRef, read: _Read, start: int) -> list[PreparedEntry]:
         self._refuse_if_unusable()
         if self._unprepared.get(ref.uid, 0) > start:
             raise ClaimError(
@@ -157,16 +179,15 @@ class Preparer:
             await self._restore_spec(done)
             self._log.info("claim_prepared_again", claim=str(ref), uid=ref.uid)
             return done.devices
-        allocation = claim["status"]["allocation"].get("devices") or {}
-        devices = self._devices_of(ref, allocation.get("results") or [])
-        configs = self._configs(allocation.get("config") or [])
+        devices = self._devices_of(ref, read.allocation.results_of(self.driver))
+        configs = [_opaque(c) for c in read.allocation.configs_of(self.driver)]
         record = PreparedClaim(ref.uid, ref.namespace, ref.name)
         entries = self.inventory.current.by_name
         by_plugin: dict[int, list[AllocatedDevice]] = {}
         plugins = {id(p): p for p in self.inventory.plugins}
         for device in devices:
             by_plugin.setdefault(id(entries[device.name].plugin), []).append(device)
-        resource = cast("ResourceClaimDict", claim)  # what the API server sent, checked above
+        resource = cast("ResourceClaimDict", read.claim)  # what the API server sent, checked above
         full = Claim(uid=ref.uid, namespace=ref.namespace, name=ref.name, resource_claim=resource)
         edits: dict[str, ContainerAllocation] = {}
         own_spec: CdiSpecFile | None = None  # a spec file a prepare_claim hook handed over
@@ -204,19 +225,23 @@ class Preparer:
         self._log.info("claim_prepared", claim=str(ref), uid=ref.uid, devices=[d.name for d in devices])
         return record.devices
 
-    def _devices_of(self, ref: ClaimRef, results: list[dict[str, Any]]) -> list[AllocatedDevice]:
+    def _devices_of(self, ref: ClaimRef, results: list[DeviceResult]) -> list[AllocatedDevice]:
+        """This driver's ``results`` as the plugins' devices.
+
+        Raises:
+            ClaimError: a device is in another pool, not this driver's, or prepared for another
+                claim (without admin access).
+        """
         snapshot = self.inventory.current
         taken = {
-            d["device"]: claim
+            d.device: claim
             for claim in self.checkpoint.claims.values()
             for d in claim.devices
-            if not d.get("adminAccess")
+            if not d.admin_access
         }
         out = []
         for result in results:
-            if result.get("driver") != self.driver:
-                continue  # another driver's device: that driver prepares it
-            pool, name = result.get("pool"), result.get("device", "")
+            pool, name = result.pool, result.device
             if pool != self.node:
                 raise ClaimError(
                     f"claim {ref}: device {name} is in pool {pool!r}, not this node's pool {self.node!r}"
@@ -226,7 +251,7 @@ class Preparer:
                 raise ClaimError(
                     f"claim {ref}: device {name} is not one of driver {self.driver}'s devices on {self.node}"
                 )
-            admin = bool(result.get("adminAccess"))
+            admin = result.admin_access
             owner = taken.get(name)
             if owner is not None and not admin:
                 raise ClaimError(
@@ -235,28 +260,15 @@ class Preparer:
                 )
             out.append(
                 AllocatedDevice(
-                    request=str(result.get("request", "")),
+                    request=result.request,
                     name=name,
-                    pool=str(pool),
+                    pool=pool,
                     device=entry.device,
                     admin_access=admin,
-                    share_id=result.get("shareID"),
+                    share_id=result.share_id,
                 )
             )
         return out
-
-    def _configs(self, configs: list[dict[str, Any]]) -> list[OpaqueConfig]:
-        mine = [
-            OpaqueConfig(
-                source=c.get("source", "FromClaim"),
-                requests=tuple(c.get("requests") or ()),
-                parameters=dict((c.get("opaque") or {}).get("parameters") or {}),
-            )
-            for c in configs
-            if (c.get("opaque") or {}).get("driver") == self.driver
-        ]
-        # Class configs first, claim configs after: a later entry overrides an earlier one.
-        return [c for c in mine if c.source == "FromClass"] + [c for c in mine if c.source != "FromClass"]
 
     async def _default(
         self,
@@ -473,6 +485,11 @@ def _distinct(claims: Sequence[ClaimRef]) -> tuple[list[ClaimRef], dict[str, Out
     return [r for r in unique.values() if r.uid not in outcomes], outcomes
 
 
+def _opaque(config: DeviceConfig) -> OpaqueConfig:
+    """A config as the ``prepare_claim`` hook gets it."""
+    return OpaqueConfig(source=config.source, requests=config.requests, parameters=dict(config.parameters))
+
+
 def _covers(config: OpaqueConfig, devices: list[AllocatedDevice]) -> bool:
     return any(config.applies_to(d.request) for d in devices)
 
@@ -517,7 +534,7 @@ def _record_spec(
 
 def _answer(
     node: str, devices: list[AllocatedDevice], prepared: Sequence[PreparedDevice]
-) -> list[dict[str, Any]]:
+) -> list[PreparedEntry]:
     """The kubelet's Device entries for what a plugin prepared (checked against what was asked)."""
     asked = {d.name: d for d in devices}
     out = []
@@ -526,16 +543,15 @@ def _answer(
             got = item.name if isinstance(item, PreparedDevice) else type(item).__name__
             raise ClaimError(f"prepare_claim returned {got}, which is not a device of this claim")
         device = asked[item.name]
-        requests = list(item.requests) or [device.request_name]
         out.append(
-            {
-                "requests": requests,
-                "pool": node,
-                "device": item.name,
-                "cdiDeviceIds": list(item.cdi_devices),
-                "adminAccess": device.admin_access,
-                **({"shareID": device.share_id} if device.share_id else {}),
-            }
+            PreparedEntry(
+                device=item.name,
+                pool=node,
+                requests=item.requests or (device.request_name,),
+                cdi_device_ids=item.cdi_devices,
+                admin_access=device.admin_access,
+                share_id=device.share_id,
+            )
         )
     return out
 

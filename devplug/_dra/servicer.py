@@ -83,13 +83,13 @@ class DraPluginService:
                 continue
             for device in outcome.devices:
                 item = entry.devices.add(
-                    request_names=device["requests"],
-                    pool_name=device["pool"],
-                    device_name=device["device"],
-                    cdi_device_ids=device["cdiDeviceIds"],
+                    request_names=device.requests,
+                    pool_name=device.pool,
+                    device_name=device.device,
+                    cdi_device_ids=device.cdi_device_ids,
                 )
-                if self._share_id and device.get("shareID"):
-                    item.share_id = device["shareID"]
+                if self._share_id and device.share_id:
+                    item.share_id = device.share_id
         self._count("NodePrepareResources", outcomes, started)
         return response
 

@@ -25,16 +25,16 @@ async def test_prepare_writes_one_spec_per_claim_and_is_idempotent(tmp_path: Pat
     ref = w.add(claim("u1", [("a", "w0"), ("a", "w1"), ("b", "w2")]))
     first = (await w.preparer.prepare([ref]))["u1"]
     assert not first.error
-    assert [(d["device"], d["requests"]) for d in first.devices] == [
-        ("w0", ["a"]),
-        ("w1", ["a"]),
-        ("w2", ["b"]),
+    assert [(d.device, d.requests) for d in first.devices] == [
+        ("w0", ("a",)),
+        ("w1", ("a",)),
+        ("w2", ("b",)),
     ]
     kind = f"k8s.{DRIVER}/claim"
-    assert first.devices[0]["cdiDeviceIds"][0] == f"{kind}=u1-a"
-    assert first.devices[1]["cdiDeviceIds"] == []  # one CDI name per request, on its first device
-    assert first.devices[2]["cdiDeviceIds"][0] == f"{kind}=u1-b"
-    assert "example.com/widget=w2" in first.devices[2]["cdiDeviceIds"]  # the allocation's own CDI names
+    assert first.devices[0].cdi_device_ids[0] == f"{kind}=u1-a"
+    assert first.devices[1].cdi_device_ids == ()  # one CDI name per request, on its first device
+    assert first.devices[2].cdi_device_ids[0] == f"{kind}=u1-b"
+    assert "example.com/widget=w2" in first.devices[2].cdi_device_ids  # the allocation's own CDI names
     spec_path = w.cdi / f"k8s.{DRIVER}-claim_u1.json"
     spec = json.loads(spec_path.read_text())
     assert spec["kind"] == kind
@@ -124,7 +124,7 @@ async def test_duplicate_uids_and_other_drivers(tmp_path: Path) -> None:
     ref = w.add(mixed)
     twin = ClaimRef("ns", "someone-else", "u1")
     result = await w.preparer.prepare([ref, ref])
-    assert [d["device"] for d in result["u1"].devices] == ["w0"]  # the other driver's device is not ours
+    assert [d.device for d in result["u1"].devices] == ["w0"]  # the other driver's device is not ours
     result = await w.preparer.unprepare([ref, twin])
     assert "named twice" in result["u1"].error
 
@@ -228,8 +228,8 @@ async def test_prepare_claim_hook_and_configs(tmp_path: Path) -> None:
     ]
     ref = w.add(claim("u1", [("a/small", "w0")], config=config))
     result = (await w.preparer.prepare([ref]))["u1"]
-    assert result.devices[0]["cdiDeviceIds"] == ["example.com/widget=w0"]
-    assert result.devices[0]["requests"] == ["a"]
+    assert result.devices[0].cdi_device_ids == ("example.com/widget=w0",)
+    assert result.devices[0].requests == ("a",)
     seen_claim, names, configs = plugin.seen[0]
     assert seen_claim.resource_claim is not None
     assert names == ["w0"]
@@ -238,7 +238,7 @@ async def test_prepare_claim_hook_and_configs(tmp_path: Path) -> None:
     default = w.add(
         {**claim("u2", [("a", "w1")]), "metadata": {"uid": "u2", "namespace": "ns", "name": "c-default"}}
     )
-    assert (await w.preparer.prepare([default]))["u2"].devices[0]["cdiDeviceIds"][0].endswith("=u2-a")
+    assert (await w.preparer.prepare([default]))["u2"].devices[0].cdi_device_ids[0].endswith("=u2-a")
     await w.preparer.unprepare([ref])
     assert plugin.unprepared == ["u1"]
 

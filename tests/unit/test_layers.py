@@ -105,10 +105,17 @@ def test_only_kube_talks_to_the_api_client() -> None:
     assert {u for u in users if not u.startswith("devplug/testing/")} == {"devplug/_dra/kube.py"}
 
 
-@pytest.mark.parametrize("module", ["names", "slices", "inventory", "checkpoint"])
+@pytest.mark.parametrize("module", ["names", "slices", "inventory", "checkpoint", "allocation"])
 def test_pure_dra_modules_have_no_grpc_and_no_client(module: str) -> None:
     path = ROOT / "devplug" / "_dra" / f"{module}.py"
     assert not _forbidden([path], ("grpc", "devplug._proto", "lightkube", "httpx"))
+
+
+def test_the_allocation_records_are_plain_data() -> None:
+    """devplug/_dra/allocation.py states it: the claim's allocation parsed, no I/O: the standard
+    library only."""
+    names = imports_of(ROOT / "devplug" / "_dra" / "allocation.py")
+    assert {n for n in names if n.split(".")[0] not in sys.stdlib_module_names} == set()
 
 
 def test_testing_kit_uses_the_runtime_only_through_the_public_api() -> None:
