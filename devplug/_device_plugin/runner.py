@@ -21,6 +21,7 @@ from devplug._device_plugin.telemetry import ResourceCounters
 from devplug._names import resource_name_problem
 from devplug._runtime.host import Host, Readiness, Reload, as_list, retry_forever, settings_changed
 from devplug._runtime.sockets import MAX_SOCKET_PATH, directory_exposure, unique_socket_name
+from devplug._settings_groups import fields_of
 from devplug.errors import ConfigError
 from devplug.plugin import DevicePlugin
 from devplug.settings import Settings
@@ -58,15 +59,9 @@ class PluginSource(Protocol):
 
 Plugins = DevicePlugin | Iterable[DevicePlugin] | PluginSource
 
-# Bound when the process starts (directories watched, the registration mode): a reload that
-# changes them is refused, and the process needs a restart.
-FIXED_SETTINGS: tuple[str, ...] = (
-    "device_plugin_dir",
-    "kubelet_socket",
-    "registration",
-    "plugins_registry_dir",
-    "insecure_dir",
-)
+# Bound when the process starts (the kubelet's directories watched, the registration mode): a
+# reload that changes them is refused, and the process needs a restart.
+FIXED_SETTINGS: tuple[str, ...] = (*fields_of("kubelet"), "registration")
 
 
 @dataclass

@@ -44,6 +44,7 @@ from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
 from devplug._runtime.feed import feed_devices
 from devplug._runtime.host import Host, Readiness, Reload, retry_forever
 from devplug._runtime.sockets import MAX_SOCKET_PATH, SocketServer, SocketUnavailableError, make_directories
+from devplug._settings_groups import fields_of
 from devplug.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -61,15 +62,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("devplug.dra")
 
-FIXED_SETTINGS: tuple[str, ...] = (
-    "driver_name",
-    "node_name",
-    "pod_uid",
-    "kubeconfig",
-    "kubelet_root",
-    "plugins_registry_dir",
-    "cdi_dir",
-)
+FIXED_SETTINGS: tuple[str, ...] = (*fields_of("dra"), *fields_of("kubelet"), *fields_of("cdi"))
 """Bound when the driver starts: its name, node, sockets, API server and where its prepared
 claims' CDI specs are; a reload that changes one is refused."""
 

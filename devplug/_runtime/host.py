@@ -28,6 +28,7 @@ import structlog
 from devplug._runtime.backoff import Backoff
 from devplug._runtime.signals import until_signalled
 from devplug._runtime.watch import DirWatcher
+from devplug._settings_groups import fields_of
 from devplug._version import version
 from devplug.errors import ConfigError, config_error_in
 from devplug.logging import configure as configure_logging
@@ -56,10 +57,10 @@ Reload = Callable[[], "tuple[Settings, DevicePlugin | Iterable[DevicePlugin]]"]
 """Re-reads the configuration (on SIGHUP): the new settings and the new set of plugins; raises
 ConfigError for an invalid configuration, which is then logged and not applied."""
 
-HOST_FIXED_SETTINGS = ("api", "metrics_address")
+HOST_FIXED_SETTINGS = (*fields_of("api"), *fields_of("metrics"))
 """Settings every process binds at start, whatever it serves."""
 
-LOGGING_SETTINGS = ("log_format", "log_level")
+LOGGING_SETTINGS = fields_of("logging")
 
 
 class Service(Protocol):
