@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TypeVar, cast
 
 import anyio
 from anyio.abc import Process
@@ -19,6 +21,7 @@ from devplug import ContainerAllocation, Device, DevicePlugin, DeviceSpec, Healt
 from devplug.testing._process import signal_child
 
 ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
 class Widgets(DevicePlugin):
@@ -102,11 +105,79 @@ async def serving(plugins: Plugins, settings: Settings) -> AsyncIterator[devplug
         yield runner
 
 
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    """Poll ``predicate`` for up to 5 s (for state with no event to wait on: a file, a log line)."""
-    with anyio.fail_after(5):
-        while not predicate():  # noqa: ASYNC110 - the state polled here has no event
-            await anyio.sleep(0.01)
+async def _check(predicate: Callable[[], T | Awaitable[T]]) -> T:
+    value = predicate()
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def _described(predicate: Callable[[], object], what: str | None) -> str:
+    """``what``, or else the function's name, or a lambda's source line (it says what it checks)."""
+    if what is not None:
+        return what
+    name: str = getattr(predicate, "__qualname__", repr(predicate))
+    if not name.endswith("<lambda>"):
+        return name
+    try:
+        source = " ".join(inspect.getsource(predicate).split())
+    except (OSError, TypeError):
+        return name
+    return source if len(source) <= 200 else source[:197] + "..."
+
+
+async def wait_until(
+    predicate: Callable[[], T | Awaitable[T]],
+    *,
+    timeout: float = 5.0,  # noqa: ASYNC109 - a test's deadline, reported in the failure
+    interval: float = 0.01,
+    what: str | None = None,
+) -> T:
+    """Poll ``predicate`` (sync or async) until it returns something true, and return that.
+
+    For state with no event to wait on: a file, a log line, a counter of another server. Fails
+    with an AssertionError naming ``what`` was awaited (by default the predicate's source) and
+    the last value seen when ``timeout`` seconds pass first.
+    """
+    last: object = None
+    with anyio.move_on_after(timeout):
+        while True:
+            last = await _check(predicate)
+            if last:
+                return cast("T", last)
+            await anyio.sleep(interval)
+    raise AssertionError(
+        f"timed out after {timeout:g} s waiting for {_described(predicate, what)} (last: {last!r})"
+    )
+
+
+async def never_within(
+    predicate: Callable[[], object],
+    seconds: float,
+    *,
+    interval: float = 0.01,
+    what: str | None = None,
+) -> None:
+    """Poll ``predicate`` (sync or async) for ``seconds``, failing as soon as it is true.
+
+    For what must not happen: a restart, a second warning, a write. Checked once more at the end,
+    so that a ``predicate`` true by then fails however slow the polling was. The AssertionError
+    names ``what`` happened (by default the predicate's source) and its value.
+    """
+    start = anyio.current_time()
+    deadline = start + seconds
+    while True:
+        value = await _check(predicate)
+        if value:
+            after = anyio.current_time() - start
+            raise AssertionError(
+                f"{_described(predicate, what)} happened after {after:.2f} s"
+                f" (it must not within {seconds:g} s): {value!r}"
+            )
+        left = deadline - anyio.current_time()
+        if left <= 0:
+            return
+        await anyio.sleep(min(interval, left))
 
 
 @asynccontextmanager

@@ -7,7 +7,6 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
 import grpc
 
 from devplug import DevicePlugin
@@ -76,9 +75,3 @@ async def health_stream(path: Path) -> AsyncIterator[Any]:
             yield call
         finally:
             call.cancel()
-
-
-async def wait_for(predicate: Any, timeout: float = 5.0) -> None:  # noqa: ASYNC109 - a test's deadline
-    with anyio.fail_after(timeout):
-        while not predicate():  # noqa: ASYNC110 - state on another server
-            await anyio.sleep(0.01)

@@ -15,7 +15,7 @@ from devplug import ContainerAllocation, Device, DeviceSpec, Mount
 from devplug._dra.checkpoint import FILE_NAME, Checkpoint
 from devplug.dra import AllocatedDevice, Claim, ClaimRef, OpaqueConfig, PreparedDevice
 from tests.dra.claims_kit import DRIVER, NODE, World, claim
-from tests.support import Widgets
+from tests.support import Widgets, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -307,9 +307,7 @@ async def test_two_drivers_sharing_the_lock_read_each_others_writes(tmp_path: Pa
                 done.set()
 
             tg.start_soon(unprepare)
-            with anyio.fail_after(5):
-                while not any(e["event"] == "lock_wait" for e in logs):  # noqa: ASYNC110 - a log line
-                    await anyio.sleep(0.01)
+            await wait_until(lambda: any(e["event"] == "lock_wait" for e in logs))
             assert not done.is_set()
             os.close(fd)
             with anyio.fail_after(5):

@@ -12,8 +12,8 @@ from structlog.testing import capture_logs
 from devplug import ContainerAllocation, Device, DeviceSpec, Mount
 from devplug.testing import FakeKubeAPI
 from tests.dra.claims_kit import World, claim
-from tests.dra.dra_kit import NODE, driving, notify, prepare, wait_for
-from tests.support import Widgets
+from tests.dra.dra_kit import NODE, driving, notify, prepare
+from tests.support import Widgets, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -96,7 +96,7 @@ async def test_the_driver_applies_the_settings(short_dir: Path) -> None:
             [Elsewhere()], api, short_dir, driver_name="widget.example.com", host_path_check="refuse"
         ) as driver:
             await notify(driver.registration_socket)
-            await wait_for(lambda: driver.readiness()[0])
+            await wait_until(lambda: driver.readiness()[0])
             api.add_claim("ns", "c-u1", requests=[("a", 1)])
             uid = api.allocate_claim("ns", "c-u1", node=NODE, driver="widget.example.com", devices=["w0"])[
                 "metadata"

@@ -20,8 +20,8 @@ from devplug._proto.dra.v1 import api_pb2 as v1
 from devplug._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug.testing import FakeKubeAPI
 from tests.dra.claims_kit import World, claim
-from tests.dra.dra_kit import NODE, driving, notify, wait_for
-from tests.support import Widgets
+from tests.dra.dra_kit import NODE, driving, notify
+from tests.support import Widgets, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -102,9 +102,7 @@ async def test_a_wait_for_the_lock_can_be_cancelled(tmp_path: Path) -> None:
         with capture_logs() as logs:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(w.preparer.prepare, [ref])
-                with anyio.fail_after(GUARD):
-                    while not any(e["event"] == "lock_wait" for e in logs):  # noqa: ASYNC110 - a log line
-                        await anyio.sleep(0.01)
+                await wait_until(lambda: any(e["event"] == "lock_wait" for e in logs), timeout=GUARD)
                 tg.cancel_scope.cancel()
         assert holder.holding  # the prepare returned while the lock was still held
         holder.release()
@@ -120,7 +118,7 @@ async def test_the_driver_answers_before_the_call_s_deadline(short_dir: Path) ->
             [Widgets()], api, short_dir, driver_name="widget.example.com", pod_uid="pod-1"
         ) as driver:
             await notify(driver.registration_socket)
-            await wait_for(lambda: driver.readiness()[0])
+            await wait_until(lambda: driver.readiness()[0])
             api.add_claim("ns", "c1", requests=[("a", 1)])
             allocated = api.allocate_claim("ns", "c1", node=NODE, driver="widget.example.com", devices=["w0"])
             uid = allocated["metadata"]["uid"]

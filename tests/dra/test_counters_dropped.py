@@ -13,8 +13,8 @@ from structlog.testing import capture_logs
 from devplug import Device
 from devplug.dra import CounterConsumption, CounterSet, DraDriver
 from devplug.testing import FakeKubeAPI
-from tests.dra.dra_kit import NODE, driving, notify, wait_for
-from tests.support import Widgets
+from tests.dra.dra_kit import NODE, driving, notify
+from tests.support import Widgets, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -81,7 +81,7 @@ async def test_without_partitionable_devices_only_devices_consuming_nothing_are_
         api.add_node(NODE)
         with capture_logs() as logs:
             async with driving([plugin], api, short_dir) as driver:
-                await wait_for(lambda: settled(api, driver, ["declarer", "plain"]))
+                await wait_until(lambda: settled(api, driver, ["declarer", "plain"]))
                 assert no_counters(api)
                 # The counter sets' slice is gone: one slice of the two devices is the pool.
                 assert len(pool(api)) == 1
@@ -92,13 +92,13 @@ async def test_without_partitionable_devices_only_devices_consuming_nothing_are_
 
                 # Re-published after a change of devices: still no partitions, no counters.
                 plugin.set_devices([WHOLE, half(0), half(1), DECLARER, PLAIN, Device(id="extra")])
-                await wait_for(lambda: settled(api, driver, ["declarer", "extra", "plain"]))
+                await wait_until(lambda: settled(api, driver, ["declarer", "extra", "plain"]))
                 assert no_counters(api)
 
                 # ... and after the kubelet's wipe of the node's slices.
                 assert api.wipe_slices(NODE, DRIVER) == 1
-                await wait_for(lambda: published(api) == [])
-                await wait_for(lambda: settled(api, driver, ["declarer", "extra", "plain"]))
+                await wait_until(lambda: published(api) == [])
+                await wait_until(lambda: settled(api, driver, ["declarer", "extra", "plain"]))
                 assert no_counters(api)
     (warning,) = dropped_warnings(logs)
     assert warning["log_level"] == "warning"
@@ -114,7 +114,7 @@ async def test_a_pool_of_partitions_only_is_published_empty(short_dir: Path) -> 
         api.add_node(NODE)
         with capture_logs() as logs:
             async with driving([plugin], api, short_dir) as driver:
-                await wait_for(lambda: settled(api, driver, []))
+                await wait_until(lambda: settled(api, driver, []))
                 assert no_counters(api)
                 assert len(pool(api)) == 1  # a pool always has a slice, here an empty one
     assert len(dropped_warnings(logs)) == 1
@@ -127,7 +127,7 @@ async def test_with_the_default_server_counters_are_published_and_nothing_said(s
         with capture_logs() as logs:
             async with driving([plugin], api, short_dir) as driver:
                 names = ["declarer", "half-0", "half-1", "plain", "whole"]
-                await wait_for(lambda: settled(api, driver, names))
+                await wait_until(lambda: settled(api, driver, names))
                 assert driver.debug_state()["slices"]["counters_supported"] is True
                 (counters,) = [s for s in pool(api) if "sharedCounters" in s]
                 assert [c["name"] for c in counters["sharedCounters"]] == ["card-0"]
@@ -140,6 +140,6 @@ async def test_without_partitionable_devices_a_driver_without_counters_says_noth
         api.add_node(NODE)
         with capture_logs() as logs:
             async with driving([Widgets()], api, short_dir) as driver:
-                await wait_for(lambda: settled(api, driver, ["w0", "w1", "w2", "w3"]))
+                await wait_until(lambda: settled(api, driver, ["w0", "w1", "w2", "w3"]))
                 assert driver.debug_state()["slices"]["counters_supported"] is True
     assert dropped_warnings(logs) == []

@@ -15,6 +15,7 @@ from devplug.testing import FakeKubeAPI
 from devplug.testing._process import signal_child
 from tests.dra.dra_kit import NODE, notify, prepare, unprepare
 from tests.metrics.probing import free_port, get, plugin
+from tests.support import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -48,9 +49,11 @@ async def test_probes_metrics_and_a_claim(short_dir: Path) -> None:
             assert status == 503
             assert b"not registered" in body
             await notify(registration)
-            with anyio.fail_after(5):
-                while (await get(port, "/readyz"))[0] != 200:  # noqa: ASYNC110 - another process
-                    await anyio.sleep(0.05)
+
+            async def ready() -> bool:
+                return (await get(port, "/readyz"))[0] == 200
+
+            await wait_until(ready, interval=0.05, what="/readyz to answer 200")
             api.add_claim("ns", "c", requests=[("fake", 2)])
             uid = api.allocate_claim("ns", "c", node=NODE, driver=DRIVER, count=2)["metadata"]["uid"]
             assert (await prepare(dra_socket, ("ns", "c", uid)))[uid].error == ""

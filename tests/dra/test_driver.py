@@ -13,8 +13,8 @@ from structlog.testing import capture_logs
 from devplug import Device, Health
 from devplug._dra.names import device_name
 from devplug.testing import FakeKubeAPI
-from tests.dra.dra_kit import NODE, driving, get_info, health_stream, notify, prepare, unprepare, wait_for
-from tests.support import Widgets
+from tests.dra.dra_kit import NODE, driving, get_info, health_stream, notify, prepare, unprepare
+from tests.support import Widgets, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -35,7 +35,7 @@ def published(api: FakeKubeAPI) -> list[str]:
 async def test_slices_registration_and_a_claim(api: FakeKubeAPI, short_dir: Path) -> None:
     plugin = Widgets(devices=[Device(id="w0", numa_node=0, attributes={"model": "w1"}), Device(id="w_1")])
     async with driving([plugin], api, short_dir) as driver:
-        await wait_for(lambda: len(published(api)) == 2)
+        await wait_until(lambda: len(published(api)) == 2)
         (slice_,) = api.slices(node=NODE, driver=DRIVER)
         spec = slice_["spec"]
         assert spec["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
@@ -54,7 +54,7 @@ async def test_slices_registration_and_a_claim(api: FakeKubeAPI, short_dir: Path
         assert list(info.supported_versions)[:2] == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
         assert driver.readiness()[0] is False  # the kubelet has not said yes yet
         await notify(driver.registration_socket)
-        await wait_for(lambda: driver.readiness()[0])
+        await wait_until(lambda: driver.readiness()[0])
 
         api.add_claim("ns", "c1", requests=[("w", 1)])
         claim = api.allocate_claim("ns", "c1", node=NODE, driver=DRIVER, devices=["w0"])
@@ -75,12 +75,12 @@ async def test_slices_registration_and_a_claim(api: FakeKubeAPI, short_dir: Path
 
 async def test_slices_come_back_after_a_wipe(api: FakeKubeAPI, short_dir: Path) -> None:
     async with driving([Widgets()], api, short_dir):
-        await wait_for(lambda: len(published(api)) == 4)
+        await wait_until(lambda: len(published(api)) == 4)
         generation = api.slices(node=NODE)[0]["spec"]["pool"]["generation"]
         for _ in range(3):
             api.wipe_slices(NODE)
             started = time.monotonic()
-            await wait_for(lambda: len(published(api)) == 4, timeout=1.0)
+            await wait_until(lambda: len(published(api)) == 4, timeout=1.0)
             assert time.monotonic() - started < 1.0
             (slice_,) = api.slices(node=NODE)
             assert slice_["spec"]["pool"]["generation"] > generation  # never back to an older one
@@ -107,7 +107,7 @@ async def test_health_taints_and_the_health_stream(api: FakeKubeAPI, short_dir: 
                 if d["name"] == "w2"
             ]
 
-        await wait_for(lambda: taints() == [[{"key": f"{DRIVER}/unhealthy", "effect": "NoSchedule"}]])
+        await wait_until(lambda: taints() == [[{"key": f"{DRIVER}/unhealthy", "effect": "NoSchedule"}]])
         api.add_claim("ns", "c", requests=[("w", 4)])
         with pytest.raises(Exception, match=r"w2|enough|cannot"):
             api.allocate_claim("ns", "c", node=NODE, driver=DRIVER, count=4)  # w2 is tainted
@@ -119,11 +119,11 @@ async def test_without_device_taints_an_unhealthy_device_is_left_out(short_dir: 
         api.add_node(NODE)
         with capture_logs() as logs:
             async with driving([plugin], api, short_dir):
-                await wait_for(lambda: len(published(api)) == 4)
+                await wait_until(lambda: len(published(api)) == 4)
                 plugin.set_health("w1", Health.UNHEALTHY)
-                await wait_for(lambda: published(api) == ["w0", "w2", "w3"])
+                await wait_until(lambda: published(api) == ["w0", "w2", "w3"])
                 plugin.set_health("w1", Health.HEALTHY)
-                await wait_for(lambda: len(published(api)) == 4)
+                await wait_until(lambda: len(published(api)) == 4)
         assert [e for e in logs if e["event"] == "device_taints_dropped"]
 
 
@@ -132,15 +132,15 @@ async def test_an_unreachable_api_server_is_retried_and_said(api: FakeKubeAPI, s
     with capture_logs() as logs:
         async with driving([Widgets()], api, short_dir) as driver:
             await notify(driver.registration_socket)
-            await wait_for(lambda: any(e["event"] == "api_error" for e in logs))
+            await wait_until(lambda: any(e["event"] == "api_error" for e in logs))
             ready, reasons = driver.readiness()
             assert not ready
             assert any("unreachable" in r for r in reasons), reasons
             # The kubelet can still have claims prepared that need no API (unprepare).
             assert (await unprepare(driver.dra_socket, ("ns", "x", "u-x")))["u-x"].error == ""
             api.restore()
-            await wait_for(lambda: len(published(api)) == 4, timeout=10)
-            await wait_for(lambda: driver.readiness()[0], timeout=5)
+            await wait_until(lambda: len(published(api)) == 4, timeout=10)
+            await wait_until(lambda: driver.readiness()[0], timeout=5)
     errors = [e for e in logs if e["event"] == "api_error"]
     assert all({"verb", "object", "status"} <= set(e) for e in errors)
 
@@ -149,7 +149,7 @@ async def test_forbidden_writes_are_logged_and_retried(api: FakeKubeAPI, short_d
     api.fail(status=403, verbs=("create",), resource="resourceslices", times=3)
     with capture_logs() as logs:
         async with driving([Widgets()], api, short_dir):
-            await wait_for(lambda: len(published(api)) == 4, timeout=10)
+            await wait_until(lambda: len(published(api)) == 4, timeout=10)
     forbidden = [e for e in logs if e["event"] == "api_error" and e["status"] == "403"]
     assert forbidden
     assert forbidden[0]["verb"] == "create"
@@ -159,11 +159,11 @@ async def test_forbidden_writes_are_logged_and_retried(api: FakeKubeAPI, short_d
 async def test_large_pools_are_split_and_kept_consistent(api: FakeKubeAPI, short_dir: Path) -> None:
     plugin = Widgets(devices=[Device(id=f"w{i}") for i in range(300)])
     async with driving([plugin], api, short_dir):
-        await wait_for(lambda: len(published(api)) == 300, timeout=10)
+        await wait_until(lambda: len(published(api)) == 300, timeout=10)
         slices = api.slices(node=NODE)
         assert sorted(len(s["spec"]["devices"]) for s in slices) == [44, 128, 128]
         assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {3}
         plugin.set_devices([Device(id=f"w{i}") for i in range(100)])
-        await wait_for(lambda: len(published(api)) == 100, timeout=10)
+        await wait_until(lambda: len(published(api)) == 100, timeout=10)
         (only,) = api.slices(node=NODE)
         assert only["spec"]["pool"]["resourceSliceCount"] == 1

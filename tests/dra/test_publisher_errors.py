@@ -19,8 +19,7 @@ from devplug._dra.inventory import Inventory
 from devplug._dra.kube import Kube
 from devplug._dra.publisher import SlicePublisher
 from devplug.testing import FakeKubeAPI
-from tests.dra.dra_kit import wait_for
-from tests.support import Widgets
+from tests.support import Widgets, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -139,7 +138,7 @@ async def test_any_error_is_logged_and_retried(step: str) -> None:
         with capture_logs() as logs:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(publisher.run)
-                await wait_for(lambda: kube.failed and publisher.in_sync, timeout=20)
+                await wait_until(lambda: kube.failed and publisher.in_sync, timeout=20)
                 tg.cancel_scope.cancel()
         await kube.aclose()
         slices = api.slices(node=NODE, driver=DRIVER)

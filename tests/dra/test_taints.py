@@ -14,8 +14,8 @@ from devplug._dra.inventory import Inventory
 from devplug._dra.slices import chunks, device_entry, schedulable
 from devplug.dra import DeviceTaint
 from devplug.testing import FakeKubeAPI
-from tests.dra.dra_kit import NODE, driving, wait_for
-from tests.support import Widgets
+from tests.dra.dra_kit import NODE, driving
+from tests.support import Widgets, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -116,13 +116,13 @@ async def test_taints_are_published_changed_and_removed(short_dir: Path) -> None
     async with FakeKubeAPI() as api:
         api.add_node(NODE)
         async with driving([plugin], api, short_dir):
-            await wait_for(lambda: len(_published(api)) == 4)
+            await wait_until(lambda: len(_published(api)) == 4)
             plugin.set_devices([Device(id="w0", taints=(HOT,)), *plugin.devices[1:]])
-            await wait_for(lambda: _published(api)["w0"] == [HOT.as_dict()])
+            await wait_until(lambda: _published(api)["w0"] == [HOT.as_dict()])
             plugin.set_devices([Device(id="w0", taints=(NOTE,)), *plugin.devices[1:]])
-            await wait_for(lambda: _published(api)["w0"] == [NOTE.as_dict()])
+            await wait_until(lambda: _published(api)["w0"] == [NOTE.as_dict()])
             plugin.set_devices([Device(id="w0"), *plugin.devices[1:]])
-            await wait_for(lambda: _published(api) == {f"w{i}": [] for i in range(4)})
+            await wait_until(lambda: _published(api) == {f"w{i}": [] for i in range(4)})
 
 
 async def test_without_device_taints_tainted_devices_are_left_out_and_notes_dropped(
@@ -132,11 +132,11 @@ async def test_without_device_taints_tainted_devices_are_left_out_and_notes_drop
     async with FakeKubeAPI(device_taints=False) as api:
         api.add_node(NODE)
         async with driving([plugin], api, short_dir):
-            await wait_for(lambda: len(_published(api)) == 3)
+            await wait_until(lambda: len(_published(api)) == 3)
             plugin.set_devices(
                 [Device(id="w0", taints=(HOT,)), Device(id="w1", taints=(NOTE,)), Device(id="w2")]
             )
-            await wait_for(lambda: _published(api) == {"w1": [], "w2": []})
+            await wait_until(lambda: _published(api) == {"w1": [], "w2": []})
 
 
 async def test_a_server_refusing_effect_none_gets_the_other_taints(short_dir: Path) -> None:
@@ -150,6 +150,6 @@ async def test_a_server_refusing_effect_none_gets_the_other_taints(short_dir: Pa
         api.fail(status=422, verbs=("create", "update"), resource="resourceslices", times=1, message=message)
         with capture_logs() as logs:
             async with driving([plugin], api, short_dir):
-                await wait_for(lambda: _published(api) == {"w0": [HOT.as_dict()], "w1": []})
+                await wait_until(lambda: _published(api) == {"w0": [HOT.as_dict()], "w1": []})
         assert [e for e in logs if e["event"] == "device_taint_effect_none_refused"]
         assert not [e for e in logs if e["event"] == "api_error"]

@@ -14,8 +14,8 @@ from devplug import Device
 from devplug._dra.slices import CounterSlice, Pool, chunks, counter_set_entry
 from devplug.dra import CounterConsumption, CounterSet
 from devplug.testing import FakeKubeAPI
-from tests.dra.dra_kit import NODE, driving, wait_for
-from tests.support import Widgets
+from tests.dra.dra_kit import NODE, driving
+from tests.support import Widgets, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -101,7 +101,7 @@ async def test_partitions_and_their_counter_set_are_published(short_dir: Path) -
     async with FakeKubeAPI() as api:
         api.add_node(NODE)
         async with driving([plugin], api, short_dir):
-            await wait_for(lambda: len(api.slices(node=NODE, driver=DRIVER)) == 2)
+            await wait_until(lambda: len(api.slices(node=NODE, driver=DRIVER)) == 2)
             counters, devices = _slices(api)
     assert counters["pool"]["resourceSliceCount"] == devices["pool"]["resourceSliceCount"] == 2
     assert counters["sharedCounters"] == [
@@ -138,7 +138,7 @@ async def test_undeclared_counters_and_conflicting_sets_are_said(short_dir: Path
         api.add_node(NODE)
         with capture_logs() as logs:
             async with driving([plugin], api, short_dir):
-                await wait_for(lambda: len(api.slices(node=NODE, driver=DRIVER)) == 2)
+                await wait_until(lambda: len(api.slices(node=NODE, driver=DRIVER)) == 2)
                 _counters, devices = _slices(api)
     assert sorted(d["name"] for d in devices["devices"]) == ["half-0", "other"]
     refused = {e["device"]: e["error"] for e in logs if e["event"] == "device_not_published"}
