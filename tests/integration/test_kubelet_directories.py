@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 from devplug import ConfigError, Runner
 from devplug.dra import DraDriver
 from devplug.testing import FakeKubeAPI, FakeKubelet
-from tests.support import Widgets, logged_process, serving, settings_for, wait_until
+from tests.support import Widgets, logged_process, never_within, serving, settings_for, wait_until
 
 pytestmark = pytest.mark.anyio
 RESOURCE = "example.com/widget"
@@ -72,8 +72,9 @@ async def test_missing_parents_are_watched_level_by_level(short_dir: Path) -> No
             async with FakeKubelet(dp) as kubelet:
                 await kubelet.wait_for_registration(RESOURCE)
             count = len(missing_warnings(logs, dp))
-            await anyio.sleep(0.3)  # three warning intervals: none once it is there
-            assert len(missing_warnings(logs, dp)) == count
+            await never_within(  # three warning intervals: none once it is there
+                lambda: len(missing_warnings(logs, dp)) != count, 0.3, what="a warning once it is there"
+            )
 
 
 async def test_a_deleted_directory_is_waited_for_again(short_dir: Path) -> None:
@@ -133,9 +134,7 @@ async def test_a_world_writable_directory_that_appears_later_is_refused(short_di
             await wait_until(lambda: len(missing_warnings(logs, dp)) >= 1)
             dp.mkdir()
             dp.chmod(0o777)  # chmod-ed before the watch is placed on it: judged when found
-            with anyio.fail_after(5):
-                while not failure:  # noqa: ASYNC110 - the runner ends by itself
-                    await anyio.sleep(0.01)
+            await wait_until(lambda: failure, what="the runner to end by itself")
     (error,) = failure
     assert type(error) is ConfigError
     assert str(error).startswith(f"refusing to start: {dp} is writable by every user (mode 0777)")
@@ -204,7 +203,8 @@ async def test_a_mistyped_directory_shows_in_the_log_of_the_process(short_dir: P
         return [e for e in lines if e.get("event") == "kubelet_directory_missing"]
 
     async with logged_process("devplug_fake", ["--device-plugin-dir", str(typo)], log):
-        await wait_until_long(lambda: bool(warned()))
+        # 30 s: a process that starts on two busy cores.
+        await wait_until(warned, timeout=30, interval=0.05)
         (warning,) = warned()[:1]
         assert warning["path"] == str(typo)
         assert warning["level"] == "warning"
@@ -212,10 +212,3 @@ async def test_a_mistyped_directory_shows_in_the_log_of_the_process(short_dir: P
     assert not typo.exists()
     assert "Traceback" not in log.read_text()
     assert os.listdir(short_dir) == ["fake.log"]
-
-
-async def wait_until_long(predicate: Any) -> None:
-    """As wait_until, for a process that starts on two busy cores."""
-    with anyio.fail_after(30):
-        while not predicate():  # noqa: ASYNC110 - a log file has no event to wait on
-            await anyio.sleep(0.05)

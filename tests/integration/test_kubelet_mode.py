@@ -22,7 +22,7 @@ from devplug import (
 )
 from devplug._device_plugin.registration import register
 from devplug.testing import FakeKubelet
-from tests.support import PickyWidgets, Widgets, serving, settings_for, wait_until
+from tests.support import PickyWidgets, Widgets, never_within, serving, settings_for, wait_until
 
 pytestmark = pytest.mark.anyio
 RESOURCE = "example.com/widget"
@@ -52,7 +52,8 @@ async def test_state_at_start_is_not_a_restart(short_dir: Path) -> None:
     async with FakeKubelet(settings.device_plugin_dir) as kubelet, serving(Widgets(), settings) as runner:
         await kubelet.wait_for_registration(RESOURCE)
         await kubelet.wait_for_devices(RESOURCE)
-        await anyio.sleep(0.3)  # time for a spurious restart to show itself
+        # Time for a spurious restart to show itself.
+        await never_within(lambda: len(kubelet.registrations) > 1, 0.3, what="a second registration")
         assert [r.accepted for r in kubelet.registrations] == [True]
         assert [reason for _, reason in runner.resources[RESOURCE].registrations] == ["start"]
 
@@ -194,9 +195,14 @@ async def test_bad_version_is_rejected_with_kubelet_text(short_dir: Path) -> Non
 async def test_kubelet_absent_at_start(short_dir: Path) -> None:
     settings = settings_for(short_dir)
     async with serving(Widgets(), settings) as runner:
-        await anyio.sleep(2.0)
-        assert not runner.resources[RESOURCE].registered
-        assert not list(settings.device_plugin_dir.glob("example.com-*"))  # nothing served before the kubelet
+        # Nothing registered, nothing served before the kubelet.
+        await never_within(
+            lambda: (
+                runner.resources[RESOURCE].registered
+                or list(settings.device_plugin_dir.glob("example.com-*"))
+            ),
+            2.0,
+        )
         async with FakeKubelet(settings.device_plugin_dir) as kubelet:
             started = anyio.current_time()
             await kubelet.wait_for_registration(RESOURCE, timeout=2.0)
@@ -245,8 +251,7 @@ async def test_crashed_kubelet_leaves_its_socket_behind(short_dir: Path) -> None
             await kubelet.restart(crash=True, downtime=0.2)
             await kubelet.wait_for_registration(RESOURCE, count=count)
             await kubelet.wait_for_devices(RESOURCE, all_healthy(4))
-        await anyio.sleep(0.2)
-        assert sum(r.accepted for r in kubelet.registrations) == 3
+        await never_within(lambda: sum(r.accepted for r in kubelet.registrations) != 3, 0.2)
 
 
 async def test_socket_deleted_alone_triggers_reregistration(short_dir: Path) -> None:

@@ -142,11 +142,6 @@ class RawDraDriver:
     async def changed(self) -> None:
         await self._changed.wait()
 
-    async def wait_for(self, predicate: Callable[[], bool], within: float = 5.0) -> None:
-        with anyio.fail_after(within):
-            while not predicate():
-                await self.changed()
-
     def _bump(self) -> None:
         self._version += 1
         self._changed.set()

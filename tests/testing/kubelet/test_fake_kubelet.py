@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import anyio
 import grpc
 import pytest
 
@@ -13,6 +12,7 @@ from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.errors import KubeletError
 from devplug.models import ContainerAllocation, DeviceSpec, Health, Mount, PluginOptions
 from devplug.testing import FakeKubelet
+from tests.support import never_within, wait_until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -189,8 +189,8 @@ async def test_a_connected_path_registering_again_is_refused_and_stays_stuck(
     assert plugin.options_calls == 2
     assert (plugin.streams_opened, plugin.streams_closed) == (1, 0)
     await plugin.stop()
-    await anyio.sleep(0.3)
-    assert kubelet.allocatable(RESOURCE) == 1  # the kubelet still counts the gone plugin's device
+    # The kubelet still counts the gone plugin's device.
+    await never_within(lambda: kubelet.allocatable(RESOURCE) != 1, 0.3, what="the device uncounted")
     again = await make_plugin(path, RESOURCE)
     with pytest.raises(grpc.aio.AioRpcError) as still:
         await again.register(kubelet.socket_path)
@@ -259,9 +259,7 @@ async def test_kill_stream_cancels_the_plugin_stream(kubelet: FakeKubelet, make_
     await kubelet.kill_stream(RESOURCE)
     assert kubelet.allocatable(RESOURCE) == 0
     assert kubelet.capacity(RESOURCE) == 1
-    with anyio.fail_after(5):
-        while plugin.streams_closed == 0:
-            await plugin.changed()
+    await wait_until(lambda: plugin.streams_closed > 0)
     assert plugin.streams_cancelled == 1
     with pytest.raises(KeyError):
         await kubelet.kill_stream("example.com/other")

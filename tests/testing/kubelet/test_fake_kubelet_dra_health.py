@@ -6,11 +6,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import anyio
 import httpx2
 import pytest
 
 from devplug.testing import FakeKubeAPI, FakeKubelet, HealthReport
+from tests.support import never_within
 from tests.testing.dra_driver import DRIVER, NODE
 from tests.testing.kubeapi.test_kubeapi_kit import post_slice, slice_body
 
@@ -109,8 +109,7 @@ async def test_no_health_stream_for_a_driver_that_advertises_none(
     dra_kubelet.health_retry = 0.1
     driver = await make_dra_driver(services=("v1.DRAPlugin",), serve=("v1", "v1-health", "v1alpha1-health"))
     await dra_kubelet.wait_for_usable(DRIVER)
-    await anyio.sleep(0.5)
-    assert driver.health_streams == []
+    await never_within(lambda: driver.health_streams, 0.5, what="a health stream")
     assert dra_kubelet.dra_instance(DRIVER).health_service is None
     assert dra_kubelet.dra_instance(DRIVER).health_streams == 0
 
@@ -167,8 +166,8 @@ async def test_restart_registers_drivers_again_and_they_can_republish(
     await dra_kubelet.wait_for_usable(DRIVER)
     assert [ok for ok, _ in driver.statuses] == [True, True]
     await add_slices(dra_api, ("b", NODE, DRIVER))
-    await anyio.sleep(0.3)  # no wipe follows a registration that connects
-    assert names(dra_api) == {"b"}
+    # No wipe follows a registration that connects.
+    await never_within(lambda: names(dra_api) != {"b"}, 0.3, what="a wipe")
 
 
 async def test_slices_go_some_time_after_the_last_instance_deregistered(
@@ -215,8 +214,7 @@ async def test_the_wipe_is_cancelled_when_an_instance_comes_back_in_time(
     await make_dra_driver("b", reg_name="b-reg.sock")
     await dra_kubelet.wait_for_usable(DRIVER)
     assert time.monotonic() - gone < 3.0
-    await anyio.sleep(gone + 3.3 - time.monotonic())
-    assert names(dra_api) == {"a"}
+    await never_within(lambda: names(dra_api) != {"a"}, gone + 3.3 - time.monotonic(), what="a wipe")
 
 
 async def test_without_kube_api_nothing_is_wiped(short_dir: Path, dra_api: FakeKubeAPI) -> None:

@@ -11,6 +11,7 @@ import pytest
 from asyncinotify import Inotify, Mask
 
 from devplug.testing import FakeKubelet
+from tests.support import wait_until
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -65,9 +66,7 @@ async def test_stop_is_idempotent_and_ends_plugin_streams(short_dir: Path, make_
     await kubelet.stop()
     assert not kubelet.socket_path.exists()
     assert not kubelet.resource(RESOURCE).connected
-    with anyio.fail_after(5):
-        while plugin.streams_closed == 0:
-            await plugin.changed()
+    await wait_until(lambda: plugin.streams_closed > 0)
 
 
 async def test_restart_deletes_plugin_sockets_and_recreates_kubelet_sock(
@@ -100,9 +99,7 @@ async def test_restart_deletes_plugin_sockets_and_recreates_kubelet_sock(
         assert kubelet.resources == {}
         assert len(kubelet.registrations) == 1
         assert kubelet.allocatable(RESOURCE) == 0
-        with anyio.fail_after(5):
-            while plugin.streams_closed == 0:
-                await plugin.changed()
+        await wait_until(lambda: plugin.streams_closed > 0)
 
         # The plugin must register again, on a new socket.
         again = await make_plugin(directory / "w2.sock", RESOURCE)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import anyio
 import pytest
 
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug.models import PluginOptions
 from devplug.testing import FakeKubelet
+from tests.support import wait_until
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -31,9 +31,7 @@ def info(
 
 
 async def statuses(plugin: RawPlugin, count: int = 1) -> list[tuple[bool, str]]:
-    with anyio.fail_after(5):
-        while len(plugin.statuses) < count:
-            await plugin.changed()
+    await wait_until(lambda: len(plugin.statuses) >= count)
     return plugin.statuses
 
 
@@ -151,9 +149,7 @@ async def test_deleting_the_socket_deregisters(fake_kubelet: FakeKubelet, make_p
     assert not fake_kubelet.resource(RESOURCE).connected
     assert fake_kubelet.allocatable(RESOURCE) == 0
     assert fake_kubelet.capacity(RESOURCE) == 1
-    with anyio.fail_after(5):
-        while plugin.streams_closed == 0:
-            await plugin.changed()
+    await wait_until(lambda: plugin.streams_closed > 0)
 
 
 async def test_a_failed_connection_is_reported(fake_kubelet: FakeKubelet, make_plugin: MakePlugin) -> None:
