@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 from anyio.abc import Process
 
-from tests.support import logged_process
+from tests.support import logged_process, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 _NVIDIA_ENV = ("MIG_STRATEGY", "CONFIG_FILE", "FAIL_ON_INIT_ERROR", "NVIDIA_DRIVER_ROOT", "DEVPLUG_FAKE_NVML")
@@ -59,26 +59,16 @@ async def get(port: int, path: str, *, accept: str | None = None) -> tuple[int, 
 
 
 async def wait_for_port(port: int, process: Process, log: Path) -> None:
-    """Wait until the plugin answers /healthz."""
-    with anyio.fail_after(15):
-        while True:
-            assert process.returncode is None, log.read_text()[-3000:]
-            try:
-                if (await get(port, "/healthz"))[0] == 200:
-                    return
-            except OSError:
-                pass
-            await anyio.sleep(0.05)
+    """Wait until the plugin answers /healthz; fail with its log if it exits first."""
 
+    async def healthy() -> bool:
+        assert process.returncode is None, log.read_text()[-3000:]
+        try:
+            return (await get(port, "/healthz"))[0] == 200
+        except OSError:
+            return False
 
-async def poll(check: Callable[[], Any], within: float = 10.0) -> Any:
-    """Await ``check()`` until it returns something true; return that."""
-    with anyio.fail_after(within):
-        while True:
-            result = await check()
-            if result:
-                return result
-            await anyio.sleep(0.05)
+    await wait_until(healthy, timeout=15, interval=0.05, what=f"/healthz on port {port}")
 
 
 def events(log: Path, name: str | None = None) -> list[dict[str, Any]]:
@@ -87,9 +77,10 @@ def events(log: Path, name: str | None = None) -> list[dict[str, Any]]:
 
 
 async def wait_for_event(log: Path, name: str, count: int = 1) -> list[dict[str, Any]]:
-    async def seen() -> list[dict[str, Any]] | None:
+    """Wait until the JSON log ``log`` has ``count`` events ``name``; return them all."""
+
+    def seen() -> list[dict[str, Any]] | None:
         found = events(log, name)
         return found if len(found) >= count else None
 
-    found: list[dict[str, Any]] = await poll(seen)
-    return found
+    return await wait_until(seen, timeout=10, interval=0.05, what=f"{count} x {name} in {log.name}")

@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devplug import KubeletError
 from devplug.testing import FakeKubelet
-from tests.metrics.probing import ROOT, env, free_port, get, plugin, poll, wait_for_port
+from tests.metrics.probing import ROOT, env, free_port, get, plugin, wait_for_port
+from tests.support import wait_until
 
 pytestmark = pytest.mark.anyio
 RESOURCE = "example.com/fake"
@@ -94,7 +95,7 @@ async def test_exposition_after_allocates_health_change_and_kubelet_restart(shor
             families = await scrape(port)
             return families if value(families, "devplug_ready") == 1 else None
 
-        families = await poll(settled)
+        families = await wait_until(settled, timeout=10, interval=0.05)
 
     for name, (kind, labels) in EXPECTED.items():
         assert families[name].type == kind, name

@@ -12,7 +12,8 @@ import pytest
 
 from devplug.testing import FakeKubelet
 from devplug.testing._process import signal_child
-from tests.metrics.probing import events, free_port, get, plugin, poll, wait_for_event, wait_for_port
+from tests.metrics.probing import events, free_port, get, plugin, wait_for_event, wait_for_port
+from tests.support import wait_until
 
 pytestmark = pytest.mark.anyio
 RESOURCE = "example.com/fake"
@@ -38,7 +39,7 @@ async def test_readiness_follows_registration_and_kubelet_restarts(short_dir: Pa
             async def ready() -> bool:
                 return (await get(port, "/readyz"))[0] == 200
 
-            await poll(ready)
+            await wait_until(ready, timeout=10, interval=0.05)
             assert (await get(port, "/readyz"))[2] == b"ready\n"
 
             # While the kubelet is down (its restart takes a second here): not ready.
@@ -49,9 +50,9 @@ async def test_readiness_follows_registration_and_kubelet_restarts(short_dir: Pa
                     status, _, body = await get(port, "/readyz")
                     return body if status == 503 else None
 
-                assert b"example.com/fake: " in await poll(not_ready)
+                assert b"example.com/fake: " in await wait_until(not_ready, timeout=10, interval=0.05)
             await kubelet.wait_for_registration(RESOURCE, count=2, timeout=10)
-            await poll(ready)
+            await wait_until(ready, timeout=10, interval=0.05)
 
             status, headers, body = await get(port, "/debug/state")
             assert status == 200

@@ -5,7 +5,6 @@ and no secret from the environment reaches the log."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -13,9 +12,7 @@ import stat
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
 
-import anyio
 import grpc
 import pytest
 from anyio.abc import Process
@@ -28,6 +25,7 @@ from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug._runtime.sockets import SocketServer, directory_exposure, unique_socket_name
 from devplug.testing import FakeKubelet
 from devplug.testing._process import signal_child
+from tests.metrics.probing import events, wait_for_event
 from tests.support import Widgets, logged_process, serving, settings_for
 
 pytestmark = pytest.mark.anyio
@@ -48,16 +46,6 @@ async def devplug_fake(
     environment = base | {"PYTHONPATH": str(ROOT)} | (env or {})
     async with logged_process("devplug_fake", args, log, env=environment, umask=umask) as process:
         yield process
-
-
-def events(log: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
-
-
-async def wait_for_event(log: Path, name: str, count: int = 1) -> None:
-    with anyio.fail_after(10):
-        while sum(e["event"] == name for e in events(log)) < count:  # noqa: ASYNC110 - a file, no event
-            await anyio.sleep(0.02)
 
 
 def listening(pid: int) -> set[str]:
