@@ -112,8 +112,14 @@ async def _check(predicate: Callable[[], T | Awaitable[T]]) -> T:
     return value
 
 
-def _described(predicate: Callable[[], object], what: str | None) -> str:
+Described = str | Callable[[], str] | None
+"""What a wait is for, in a failure message: words, words made when it fails, or the predicate's own."""
+
+
+def _described(predicate: Callable[[], object], what: Described) -> str:
     """``what``, or else the function's name, or a lambda's source line (it says what it checks)."""
+    if callable(what):
+        return what()
     if what is not None:
         return what
     name: str = getattr(predicate, "__qualname__", repr(predicate))
@@ -131,13 +137,14 @@ async def wait_until(
     *,
     timeout: float = 5.0,  # noqa: ASYNC109 - a test's deadline, reported in the failure
     interval: float = 0.01,
-    what: str | None = None,
+    what: Described = None,
 ) -> T:
     """Poll ``predicate`` (sync or async) until it returns something true, and return that.
 
     For state with no event to wait on: a file, a log line, a counter of another server. Fails
-    with an AssertionError naming ``what`` was awaited (by default the predicate's source) and
-    the last value seen when ``timeout`` seconds pass first.
+    with an AssertionError naming ``what`` was awaited (by default the predicate's source; a
+    callable is called then, to say what it saw) and the last value seen when ``timeout`` seconds
+    pass first.
     """
     last: object = None
     with anyio.move_on_after(timeout):
@@ -156,7 +163,7 @@ async def never_within(
     seconds: float,
     *,
     interval: float = 0.01,
-    what: str | None = None,
+    what: Described = None,
 ) -> None:
     """Poll ``predicate`` (sync or async) for ``seconds``, failing as soon as it is true.
 

@@ -6,14 +6,13 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-import anyio
 import pytest
 from structlog.testing import capture_logs
 
 from devplug import ContainerAllocation, Device, Health
 from devplug.cdi import CdiDevice, CdiSpec, ContainerEdits
 from devplug.testing import FakeKubelet
-from tests.support import Widgets, serving, settings_for, wait_until
+from tests.support import Widgets, never_within, serving, settings_for, wait_until
 
 pytestmark = pytest.mark.anyio
 RESOURCE = "example.com/widget"
@@ -106,5 +105,5 @@ async def test_plugins_without_the_hook_write_nothing(short_dir: Path) -> None:
     settings = settings_for(short_dir, cdi_dir=short_dir / "cdi")
     async with FakeKubelet(settings.device_plugin_dir) as kubelet, serving(Widgets(), settings):
         await kubelet.wait_for_devices(RESOURCE, lambda ds: len(ds) == 4)
-        await anyio.sleep(0.05)
+        await never_within((short_dir / "cdi").exists, 0.05, what="a CDI directory")
     assert not (short_dir / "cdi").exists()

@@ -46,6 +46,7 @@ from anyio.abc import Process
 from devplug import Device, KubeletError
 from devplug.testing import FakeKubelet
 from devplug.testing._process import signal_child
+from tests.support import never_within, wait_until
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -331,11 +332,18 @@ class Chaos:
                 plugin.resource, converged_to(plugin.expected()), timeout=CONVERGE
             )
         self.timings.setdefault(kind, []).append(time.monotonic() - started)
-        await anyio.sleep(0.05)
+        # Still there: no late message from an old stream replaced the last state.
+        await never_within(
+            lambda: [
+                p.resource
+                for p in self.plugins
+                if table(self.kubelet.resource(p.resource).devices) != p.expected()
+            ],
+            0.05,
+            what="a late message replacing the converged devices",
+        )
         for plugin in self.plugins:
-            # Still there: no late message from an old stream replaced the last state.
             view = self.kubelet.resource(plugin.resource)
-            assert table(view.devices) == plugin.expected(), plugin.resource
             assert view.connected == (plugin.detached is None), view
             assert plugin.process is not None
             assert plugin.process.returncode is None, (
@@ -364,17 +372,21 @@ class Chaos:
 
     async def check_streams(self) -> None:
         """One ListAndWatch open per attached plugin, none for a detached one (from their logs)."""
-        deadline = time.monotonic() + 3.0
-        while True:
-            open_streams = {}
+
+        def open_streams() -> dict[str, int]:
+            counts: dict[str, int] = {}
             for plugin in self.plugins:
                 events = plugin.events()
-                open_streams[plugin.resource] = events["stream_opened"] - events["stream_closed"]
-            wanted = {p.resource: 0 if p.detached is not None else 1 for p in self.plugins}
-            if open_streams == wanted or time.monotonic() > deadline:
-                break
-            await anyio.sleep(0.02)
-        assert open_streams == wanted, f"open streams {open_streams}, expected {wanted}"
+                counts[plugin.resource] = events["stream_opened"] - events["stream_closed"]
+            return counts
+
+        wanted = {p.resource: 0 if p.detached is not None else 1 for p in self.plugins}
+        await wait_until(
+            lambda: open_streams() == wanted,
+            timeout=3.0,
+            interval=0.02,
+            what=lambda: f"open streams {wanted}, not {open_streams()}",
+        )
 
     def check_fds(self) -> None:
         count = fd_count()

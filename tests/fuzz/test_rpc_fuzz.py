@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from devplug import Device, KubeletError, Runner
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug.testing import FakeKubelet, serving
-from tests.support import PickyWidgets
+from tests.support import PickyWidgets, wait_until
 
 pytestmark = pytest.mark.anyio
 RESOURCE = "example.com/widget"
@@ -97,9 +97,7 @@ async def still_serving(t: Target) -> None:
     assert t.kubelet.resource(RESOURCE).connected
     allocation = await t.kubelet.allocate(RESOURCE, ["w1", "w2"])
     assert allocation.envs == {"WIDGETS": "w1,w2"}
-    with anyio.fail_after(DEADLINE):
-        while t.runner.resources[RESOURCE].stats.streams != 1:  # noqa: ASYNC110 - a counter, no event
-            await anyio.sleep(0.01)
+    await wait_until(lambda: t.runner.resources[RESOURCE].stats.streams == 1, timeout=DEADLINE)
 
 
 ids = st.one_of(st.sampled_from(KNOWN), st.text(max_size=20))

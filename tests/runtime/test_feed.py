@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import anyio
 import pytest
@@ -11,6 +11,7 @@ from structlog.testing import capture_logs
 
 from devplug import ContainerAllocation, Device, DevicePlugin
 from devplug._runtime.feed import feed_devices
+from tests.support import never_within, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -35,12 +36,6 @@ def warnings(logs: list[dict[str, object]]) -> list[dict[str, object]]:
     return [e for e in logs if e["event"] == "no_devices_listed"]
 
 
-async def until(check: Callable[[], object]) -> None:
-    with anyio.fail_after(5):
-        while not check():  # noqa: ASYNC110 - log capture has no event to wait on
-            await anyio.sleep(0.01)
-
-
 async def test_no_devices_is_warned_once_per_stretch() -> None:
     plugin = Scripted()
     published: list[int] = []
@@ -54,22 +49,20 @@ async def test_no_devices_is_warned_once_per_stretch() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: feed_devices(plugin, publish, log, warn_after=0.05))
             await plugin.send.send([])  # an empty list is still no device in force
-            await until(lambda: warnings(logs))
+            await wait_until(lambda: warnings(logs))
             first = warnings(logs)[0]
             assert first["log_level"] == "warning"
             assert first["resource"] == "example.com/scripted"
             assert first["seconds"] == 0.05
             # Many times the delay later, still the one warning.
-            await anyio.sleep(0.3)
-            assert len(warnings(logs)) == 1
+            await never_within(lambda: len(warnings(logs)) > 1, 0.3, what="a second warning")
             # Devices came: nothing to say, however long they stay.
             await plugin.send.send([Device(id="a")])
-            await until(lambda: published[-1:] == [1])
-            await anyio.sleep(0.3)
-            assert len(warnings(logs)) == 1
+            await wait_until(lambda: published[-1:] == [1])
+            await never_within(lambda: len(warnings(logs)) > 1, 0.3, what="a warning with devices")
             # Gone again: a new stretch, a new warning.
             await plugin.send.send([])
-            await until(lambda: len(warnings(logs)) == 2)
+            await wait_until(lambda: len(warnings(logs)) == 2)
             tg.cancel_scope.cancel()
 
 
@@ -85,5 +78,5 @@ async def test_a_plugin_that_never_lists_is_warned_about() -> None:
     with capture_logs() as logs:
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: feed_devices(Silent(), publish, structlog.get_logger(), warn_after=0.05))
-            await until(lambda: warnings(logs))
+            await wait_until(lambda: warnings(logs))
             tg.cancel_scope.cancel()

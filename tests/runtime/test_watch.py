@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 from devplug._runtime.watch import DirWatcher
+from tests.support import never_within, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -58,12 +59,9 @@ async def test_wait_for_rechecks_state_not_events(short_dir: Path) -> None:
         tg.start_soon(wait_gone)
         await anyio.sleep(0.05)
         (short_dir / "unrelated").touch()  # a change that does not satisfy the check
-        await anyio.sleep(0.05)
-        assert results == []
+        await never_within(lambda: results, 0.05, what="the waiter woken by an unrelated change")
         os.unlink(target)
-        with anyio.fail_after(1):
-            while not results:  # noqa: ASYNC110
-                await anyio.sleep(0.01)
+        await wait_until(lambda: results, timeout=1)
         tg.cancel_scope.cancel()
 
 
@@ -76,8 +74,7 @@ async def test_a_missing_directory_is_found_through_ancestors_that_come_and_go(s
         (short_dir / "a").mkdir()  # the watch moves down to a/ ...
         await anyio.sleep(0.05)
         (short_dir / "a").rmdir()  # ... and back up when a/ goes
-        await anyio.sleep(0.05)
-        assert not (short_dir / "a").exists()  # nothing made by the watcher
+        await never_within((short_dir / "a").exists, 0.05, what="a/ made by the watcher")
         os.makedirs(target)
         with anyio.fail_after(2):
             await watcher.wait_present(target)

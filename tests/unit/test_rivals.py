@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import anyio
@@ -12,6 +12,7 @@ from structlog.testing import capture_logs
 
 from devplug import ContainerAllocation, Device, DevicePlugin
 from devplug.testing import FakeKubelet, serving
+from tests.support import wait_until
 
 pytestmark = pytest.mark.anyio
 RESOURCE = "example.com/twice"
@@ -32,12 +33,6 @@ def rivals(logs: list[dict[str, object]]) -> list[dict[str, object]]:
     return [e for e in logs if e["event"] == "another_plugin_socket"]
 
 
-async def until(check: Callable[[], object]) -> None:
-    with anyio.fail_after(10):
-        while not check():  # noqa: ASYNC110 - log capture has no event to wait on
-            await anyio.sleep(0.01)
-
-
 async def test_the_replaced_plugin_names_the_other_socket(fake_kubelet: FakeKubelet) -> None:
     dp = fake_kubelet.device_plugin_dir
     # A dead socket left by a crashed predecessor is no rival.
@@ -49,7 +44,7 @@ async def test_the_replaced_plugin_names_the_other_socket(fake_kubelet: FakeKube
             first = await fake_kubelet.wait_for_registration(RESOURCE)
             async with serving(Twice(), fake_kubelet):
                 second = await fake_kubelet.wait_for_registration(RESOURCE, count=2)
-                await until(lambda: len(rivals(logs)) >= 2)
+                await wait_until(lambda: len(rivals(logs)) >= 2, timeout=10)
                 old = [e for e in rivals(logs) if e["other_socket"] == second.endpoint]
                 new = [e for e in rivals(logs) if e["other_socket"] == first.endpoint]
                 # The first server saw the second appear; the second found the first serving.

@@ -20,6 +20,7 @@ from anyio.streams.text import TextReceiveStream
 
 from devplug.testing import FakeKubelet
 from devplug.testing._process import signal_child
+from tests.support import wait_until
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[3]
@@ -294,9 +295,7 @@ async def test_health_strings_shown_as_sent(short_dir: Path) -> None:
     command = [sys.executable, str(script), "lowercase-health"]
     async with await anyio.open_process(command, env=env, stderr=subprocess.DEVNULL) as process:
         path = short_dir / f"broken-{process.pid}-1.sock"
-        with anyio.fail_after(10):
-            while not path.is_socket():  # noqa: ASYNC110 - a file with no event to wait on
-                await anyio.sleep(0.02)
+        await wait_until(path.is_socket, timeout=10, interval=0.02, what=f"the socket {path.name}")
         code, out, err = await inspect(str(path))
         assert code == 0, err
         assert "devices: 3 devices, 0 healthy" in out
