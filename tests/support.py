@@ -132,6 +132,11 @@ def _described(predicate: Callable[[], object], what: Described) -> str:
     return source if len(source) <= 200 else source[:197] + "..."
 
 
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
 async def wait_until(
     predicate: Callable[[], T | Awaitable[T]],
     *,
@@ -154,7 +159,7 @@ async def wait_until(
                 return cast("T", last)
             await anyio.sleep(interval)
     raise AssertionError(
-        f"timed out after {timeout:g} s waiting for {_described(predicate, what)} (last: {last!r})"
+        f"timed out after {timeout:g} s waiting for {_described(predicate, what)} (last: {_shown(last)})"
     )
 
 
@@ -179,7 +184,7 @@ async def never_within(
             after = anyio.current_time() - start
             raise AssertionError(
                 f"{_described(predicate, what)} happened after {after:.2f} s"
-                f" (it must not within {seconds:g} s): {value!r}"
+                f" (it must not within {seconds:g} s): {_shown(value)}"
             )
         left = deadline - anyio.current_time()
         if left <= 0:

@@ -27,7 +27,9 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60, every: float = 0.25) -> T:
-    """Poll `probe` until it returns something truthy; fail naming `what` (and the last error)."""
+    """Poll `probe` until it returns something truthy, and return that; fail naming `what` (and
+    the last error). tests.support.wait_until, synchronous: the same failure, for a kubectl that
+    may fail on the way."""
     deadline = time.monotonic() + timeout
     last: object = None
     while True:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +31,7 @@ from devplug._proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1_pb
 from devplug._proto.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from tests.support import wait_until
 
 
 @dataclass
@@ -52,22 +53,9 @@ class Calls:
         return len(self.times(rpc))
 
     async def wait(self, rpc: str, count: int = 1, within: float = 30) -> None:
-        await poll(lambda: self.count(rpc) >= count, within, f"{count} x {rpc}")
-
-
-async def poll(check: Callable[[], Awaitable[bool] | bool], within: float, what: str) -> None:
-    """Poll ``check`` (plain or async) every 20 ms until it holds; fail naming ``what``."""
-    try:
-        with anyio.fail_after(within):
-            while True:
-                result = check()
-                if not isinstance(result, bool):
-                    result = await result
-                if result:
-                    return
-                await anyio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {within} s waiting for {what}") from None
+        await wait_until(
+            lambda: self.count(rpc) >= count, timeout=within, interval=0.02, what=f"{count} x {rpc}"
+        )
 
 
 def accepts_connections(path: Path) -> bool:

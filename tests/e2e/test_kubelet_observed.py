@@ -35,10 +35,10 @@ from tests.e2e.raw_plugins import (
     Registration,
     accepts_connections,
     plugin_info,
-    poll,
     register,
     serving,
 )
+from tests.support import wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
@@ -120,7 +120,7 @@ def real_kubelet(node: Node) -> Kubelet:
             # moment after its process reads as gone (its last threads are still exiting).
             return identity(socket_path) not in (None, before) and accepts_connections(socket_path)
 
-        await poll(up, 60, "the new kubelet's kubelet.sock")
+        await wait_until(up, timeout=60, interval=0.02, what="the new kubelet's kubelet.sock")
         await anyio.to_thread.run_sync(node.wait_ready)
 
     return Kubelet("real", node.kubelet_root, restart, node=node)
@@ -380,7 +380,9 @@ async def test_one_resource_on_two_paths_and_one_path_registered_twice(node: Nod
             out["b"] = (await register(kubelet_sock, two, f"two-b-{TAG}.sock"))[1]
             await b.wait("ListAndWatch")
             # the node status follows within its update period
-            await poll(lambda: has_allocatable(k, two, 3), 60, f"{two} allocatable = 3")
+            await wait_until(
+                lambda: has_allocatable(k, two, 3), timeout=60, interval=0.02, what=f"{two} allocatable = 3"
+            )
             out["a streams"] = (a.count("ListAndWatch"), a.count("ListAndWatch ended"))
         path = k.device_plugins / f"twice-{TAG}.sock"
         async with serving(path, DevicePlugin(c)):
