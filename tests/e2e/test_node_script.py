@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.node_kit import ROOT, Node, localnode
+from tests.e2e.node_kit import ROOT, Node, localnode, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 NODE = ROOT / "e2e" / "node"
@@ -167,10 +167,12 @@ def test_a_signal_while_up_starts_takes_down_what_it_started(
             text=True,
         )
         state = run_dir / "state.json"
-        deadline = time.monotonic() + 60
-        while not (state.is_file() and "kube-apiserver" in state.read_text()):  # mid-start
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
+
+        def mid_start() -> bool:
+            assert proc.poll() is None, proc.communicate()
+            return state.is_file() and "kube-apiserver" in state.read_text()
+
+        wait_for("the node mid-start (kube-apiserver in its state)", mid_start, timeout=60, every=0.05)
         for how in signals:
             proc.send_signal(how)
             time.sleep(0.3)
