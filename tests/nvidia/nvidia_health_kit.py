@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,10 +73,3 @@ async def monitoring(
             await monitor.wait_started()
         yield Monitored(fake, resources, monitor)
         tg.cancel_scope.cancel()
-
-
-async def until(predicate: Callable[[], bool], within: float = 3.0) -> None:
-    """Poll ``predicate`` until true (fails the test after ``within`` seconds)."""
-    with anyio.fail_after(within):
-        while not predicate():  # noqa: ASYNC110 - the state belongs to another task and a worker thread
-            await anyio.sleep(0.01)

@@ -17,7 +17,7 @@ from anyio.abc import Process
 from devplug import KubeletError
 from devplug.testing import FakeKubelet
 from devplug.testing._process import signal_child
-from tests.support import logged_process
+from tests.support import logged_process, wait_until
 
 pytestmark = pytest.mark.anyio
 _NVIDIA_ENV = (
@@ -100,9 +100,7 @@ async def test_health_checks_disabled_by_environment(short_dir: Path) -> None:
     env = _env(DP_DISABLE_HEALTHCHECKS="all")
     async with FakeKubelet(short_dir / "dp") as kubelet, plugin_process(log, args, env):
         await kubelet.wait_for_devices("nvidia.com/gpu", lambda ds: len(ds) == 4, timeout=20)
-        with anyio.fail_after(5):
-            while "health_checks_disabled" not in log.read_text():  # noqa: ASYNC110 - another process's log
-                await anyio.sleep(0.05)
+        await wait_until(lambda: "health_checks_disabled" in log.read_text(), interval=0.05)
 
 
 async def test_sighup_rereads_the_config_file(short_dir: Path) -> None:
@@ -124,8 +122,6 @@ async def test_sighup_rereads_the_config_file(short_dir: Path) -> None:
         # An invalid file is logged and the running configuration stays.
         config_file.write_text(json.dumps({"sharing": {"timeSlicing": {"renameByDefault": "maybe"}}}))
         signal_child(process, signal.SIGHUP)
-        with anyio.fail_after(10):
-            while "reload_failed" not in log.read_text():  # noqa: ASYNC110 - another process writes it
-                await anyio.sleep(0.05)
+        await wait_until(lambda: "reload_failed" in log.read_text(), timeout=10, interval=0.05)
         assert sum(r.accepted for r in kubelet.registrations) == 2
         assert len(kubelet.resource("nvidia.com/gpu").devices) == 12

@@ -22,6 +22,7 @@ from devplug_nvidia.config import NvidiaSettings
 from devplug_nvidia.dra import NvidiaDraPlugin
 from devplug_nvidia.testing import MODELS, FakeNvml, write_root
 from tests.nvidia.nvidia_dra_kit import DRIVER, NODE, dra_cluster, published_taints, wait_taints
+from tests.support import never_within
 
 pytestmark = pytest.mark.anyio
 
@@ -254,6 +255,10 @@ async def test_in_a_container_health_checks_load_the_driver_where_discovery_does
         tg.start_soon(monitor.run)
         with anyio.fail_after(10):
             await monitor.wait_started()
-        await anyio.sleep(0.3)  # a failed first check turns them Unhealthy at once
-        assert {monitor.health(r.uuid).value for r in records} == {"Healthy"}
+        # A failed first check would turn them Unhealthy at once.
+        await never_within(
+            lambda: {monitor.health(r.uuid).value for r in records} != {"Healthy"},
+            0.3,
+            what="a GPU unhealthy",
+        )
         tg.cancel_scope.cancel()

@@ -12,7 +12,8 @@ from structlog.testing import capture_logs
 from devplug import Device, Health
 from devplug_nvidia import NvidiaSettings
 from devplug_nvidia.plugin import NvidiaPlugin
-from tests.nvidia.nvidia_health_kit import COOLDOWN, Monitored, monitoring, until
+from tests.nvidia.nvidia_health_kit import COOLDOWN, Monitored, monitoring
+from tests.support import never_within, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -54,12 +55,12 @@ async def test_another_xid_restarts_the_quiet_period(tmp_path: Path) -> None:
     async with monitoring("pcie-a10", tmp_path) as m:
         gpu = m.resources[GPU][1].uuid
         m.fake.push_xid(1, RECOVERABLE_XID)
-        await until(lambda: m.unhealthy() == {gpu})
+        await wait_until(lambda: m.unhealthy() == {gpu})
         await anyio.sleep(COOLDOWN * 0.6)
         m.fake.push_xid(1, 62)
-        await anyio.sleep(COOLDOWN * 0.6)
-        assert m.unhealthy() == {gpu}  # 1.2 cooldowns after the first XID, 0.6 after the second
-        await until(lambda: not m.unhealthy())
+        # Still unhealthy 1.2 cooldowns after the first XID, 0.6 after the second.
+        await never_within(lambda: m.unhealthy() != {gpu}, COOLDOWN * 0.6, what="recovered")
+        await wait_until(lambda: not m.unhealthy())
 
 
 @pytest.mark.parametrize("xid", [13, 31, 43, 45, 68, 109])
@@ -68,7 +69,7 @@ async def test_ignored_xids_change_nothing(tmp_path: Path, xid: int) -> None:
         version = m.monitor.version
         with capture_logs() as logs:
             m.fake.push_xid(0, xid)
-            await until(lambda: any(e["event"] == "xid_ignored" for e in logs))
+            await wait_until(lambda: any(e["event"] == "xid_ignored" for e in logs))
         assert m.monitor.version == version and not m.unhealthy()
         assert [e["xid"] for e in logs if e["event"] == "xid_ignored"] == [xid]
 
@@ -78,9 +79,8 @@ async def test_fatal_xids_never_recover(tmp_path: Path, xid: int) -> None:
     async with monitoring("pcie-a10", tmp_path) as m:
         gpu = m.resources[GPU][3].uuid
         m.fake.push_xid(3, xid)
-        await until(lambda: m.unhealthy() == {gpu})
-        await anyio.sleep(COOLDOWN * 2)
-        assert m.unhealthy() == {gpu}
+        await wait_until(lambda: m.unhealthy() == {gpu})
+        await never_within(lambda: m.unhealthy() != {gpu}, COOLDOWN * 2, what="recovered")
         assert m.monitor.fatal_reason(gpu) == f"XID {xid}"
 
 
@@ -88,13 +88,14 @@ async def test_double_bit_ecc_is_fatal_single_bit_is_only_logged(tmp_path: Path)
     async with monitoring("pcie-a10", tmp_path) as m:
         with capture_logs() as logs:
             m.fake.push_ecc(0, double_bit=False)
-            await until(lambda: any(e["event"] == "ecc_single_bit" for e in logs))
+            await wait_until(lambda: any(e["event"] == "ecc_single_bit" for e in logs))
         assert not m.unhealthy()
         m.fake.push_ecc(1)
         gpu = m.resources[GPU][1].uuid
-        await until(lambda: m.unhealthy() == {gpu})
-        await anyio.sleep(COOLDOWN * 2)
-        assert m.monitor.fatal_reason(gpu) == "double-bit ECC error"
+        await wait_until(lambda: m.unhealthy() == {gpu})
+        await never_within(
+            lambda: m.monitor.fatal_reason(gpu) != "double-bit ECC error", COOLDOWN * 2, what="not fatal"
+        )
 
 
 async def test_wait_error_marks_every_device_then_waiting_goes_on(tmp_path: Path) -> None:
@@ -158,7 +159,7 @@ async def test_mig_events_match_by_gpu_and_compute_instance(
         m.fake.push_xid(2, RECOVERABLE_XID, gpu_instance_id=gi, compute_instance_id=ci)
         by_uuid = {r.uuid: name for name, rs in m.resources.items() for r in rs}
         if expected:
-            await until(lambda: bool(m.unhealthy()))
+            await wait_until(lambda: bool(m.unhealthy()))
         else:
             await anyio.sleep(0.2)
         assert {by_uuid[u].removeprefix("nvidia.com/") for u in m.unhealthy()} == expected
@@ -181,7 +182,7 @@ async def test_an_event_on_a_mig_gpu_reaches_every_mig_device_on_it(tmp_path: Pa
 async def test_none_strategy_full_gpu_with_mig_on_takes_its_instances_events(tmp_path: Path) -> None:
     async with monitoring("mig-uniform", tmp_path, "none") as m:
         m.fake.push_xid(0, RECOVERABLE_XID, gpu_instance_id=7, compute_instance_id=0)
-        await until(lambda: m.unhealthy() == {m.resources[GPU][0].uuid})
+        await wait_until(lambda: m.unhealthy() == {m.resources[GPU][0].uuid})
 
 
 async def test_gpus_without_event_support_are_skipped_not_unhealthy(tmp_path: Path) -> None:
@@ -215,11 +216,10 @@ async def test_flapping_gpu_is_held_by_the_policy(tmp_path: Path) -> None:
     async with monitoring("pcie-a10", tmp_path, cooldown=0.05, flap_limit=2, flap_hold=60) as m:
         gpu = m.resources[GPU][0].uuid
         m.fake.push_xid(0, RECOVERABLE_XID)
-        await until(lambda: m.unhealthy() == {gpu})
-        await until(lambda: not m.unhealthy())
+        await wait_until(lambda: m.unhealthy() == {gpu})
+        await wait_until(lambda: not m.unhealthy())
         with capture_logs() as logs:
             m.fake.push_xid(0, RECOVERABLE_XID)
-            await until(lambda: m.unhealthy() == {gpu})
-            await anyio.sleep(0.3)
-        assert m.unhealthy() == {gpu}
+            await wait_until(lambda: m.unhealthy() == {gpu})
+            await never_within(lambda: m.unhealthy() != {gpu}, 0.3, what="recovered while flapping")
         assert any("flapping" in e.get("reason", "") for e in logs)

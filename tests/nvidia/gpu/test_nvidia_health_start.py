@@ -10,7 +10,8 @@ from structlog.testing import capture_logs
 
 from devplug_nvidia._gpu._xids import XidFilter
 from devplug_nvidia.testing import fake_nvml
-from tests.nvidia.nvidia_health_kit import monitoring, until
+from tests.nvidia.nvidia_health_kit import monitoring
+from tests.support import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -37,9 +38,9 @@ async def test_event_set_failure_then_a_later_start_recovers(tmp_path: Path) -> 
     async with monitoring("pcie-a10", tmp_path, module=fake) as m:
         assert len(m.unhealthy()) == 4
         # The retry (0.2 s later) starts; the devices are Healthy after the quiet period.
-        await until(lambda: not m.unhealthy())
+        await wait_until(lambda: not m.unhealthy())
         fake.push_xid(1, 94)
-        await until(lambda: len(m.unhealthy()) == 1)
+        await wait_until(lambda: len(m.unhealthy()) == 1)
 
 
 async def test_one_gpu_that_cannot_register_is_unhealthy_until_it_can(tmp_path: Path) -> None:
@@ -49,7 +50,7 @@ async def test_one_gpu_that_cannot_register_is_unhealthy_until_it_can(tmp_path: 
         async with monitoring("pcie-a10", tmp_path, module=fake) as m:
             first = m.resources[GPU][0].uuid
             assert m.unhealthy() == {first}
-            await until(lambda: not m.unhealthy())
+            await wait_until(lambda: not m.unhealthy())
             assert fake.push_xid(0, 94) == 1  # registered by the retry
     failed = [e for e in logs if e["event"] == "health_check_start_failed"]
     assert failed[0]["devices"] == [first] and "Insufficient Permissions" in failed[0]["error"]
@@ -82,7 +83,7 @@ async def test_enabled_xids_with_all_disabled_still_watch_those(tmp_path: Path) 
         await anyio.sleep(0.15)
         assert not m.unhealthy()
         m.fake.push_xid(0, 31)
-        await until(lambda: m.unhealthy() == {m.resources[GPU][0].uuid})
+        await wait_until(lambda: m.unhealthy() == {m.resources[GPU][0].uuid})
 
 
 async def test_wait_errors_in_a_row_make_a_new_event_set(tmp_path: Path) -> None:
@@ -90,12 +91,12 @@ async def test_wait_errors_in_a_row_make_a_new_event_set(tmp_path: Path) -> None
         with capture_logs() as logs:
             for _ in range(5):
                 m.fake.push_error(UNKNOWN)
-            await until(lambda: any(e["event"] == "health_check_started" for e in logs))
+            await wait_until(lambda: any(e["event"] == "health_check_started" for e in logs))
         assert any(e["event"] == "event_set_reopened" for e in logs)
         assert len(m.fake._sets()) == 1
-        await until(lambda: not m.unhealthy())
+        await wait_until(lambda: not m.unhealthy())
         m.fake.push_xid(3, 94)
-        await until(lambda: m.unhealthy() == {m.resources[GPU][3].uuid})
+        await wait_until(lambda: m.unhealthy() == {m.resources[GPU][3].uuid})
 
 
 async def test_event_types_from_the_config_limit_what_is_registered(tmp_path: Path) -> None:
@@ -103,4 +104,4 @@ async def test_event_types_from_the_config_limit_what_is_registered(tmp_path: Pa
     async with monitoring("pcie-a10", tmp_path, xids=xids) as m:
         assert m.fake.push_ecc(0) == 0  # double-bit ECC not registered
         assert m.fake.push_xid(0, 94) == 1
-        await until(lambda: m.unhealthy() == {m.resources[GPU][0].uuid})
+        await wait_until(lambda: m.unhealthy() == {m.resources[GPU][0].uuid})
