@@ -18,7 +18,7 @@ from devplug._runtime.state import DeviceState
 from devplug._runtime.telemetry import DURATION_BUCKETS, RpcStats
 from devplug.metrics import event_counter, note_health_reason
 from devplug.testing import FakeKubelet
-from tests.nvidia.nvidia_health_kit import monitoring, until
+from tests.nvidia.nvidia_health_kit import monitoring
 from tests.support import Widgets, serving, settings_for, wait_until
 
 
@@ -136,7 +136,7 @@ async def test_nvidia_xids_are_counted_by_code_and_verdict(tmp_path: Path) -> No
         m.fake.push_xid(1, 94)
         m.fake.push_xid(2, 79)
         m.fake.push_xid(0, 13)
-        await until(
+        await wait_until(
             lambda: (
                 sum(XID_EVENTS.samples()[i][1] for i in range(len(XID_EVENTS.samples())))
                 >= sum(before.values()) + 3
