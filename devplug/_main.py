@@ -56,15 +56,17 @@ def run(
     install_signals(name)  # from here on a SIGTERM / Ctrl-C never ends in a traceback
     reload: Reload | None = None
     try:
+        read_options = settings is None
         if settings is None:
             settings = load_settings(settings_cls, argv, prog=prog)
             configure_logging(settings.log_format, settings.log_level)
-            defaults = partial(_with_defaults, api=api, driver_name=driver_name)
-            reload = _reloader(plugins, settings_cls, argv, prog, defaults)
         settings = _with_defaults(settings, api=api, driver_name=driver_name)
         resolved = _resolve(plugins, settings)
-        if isinstance(resolved, PluginSource):
-            reload = None  # the source changes the set by itself
+        if read_options and not isinstance(resolved, PluginSource):
+            # (a plugin source changes the set by itself)
+            defaults = partial(_with_defaults, api=api, driver_name=driver_name)
+            first = (settings, as_list(resolved))
+            reload = _reloader(plugins, settings_cls, argv, prog, defaults=defaults, first=first)
         run_async(host_for(resolved, settings, reload=reload).run)
     except KeyboardInterrupt:
         # Ctrl-C before the signal handlers were in place (reading options, connecting, or
@@ -144,11 +146,14 @@ def _reloader(
     settings_cls: type[S],
     argv: list[str] | None,
     prog: str | None,
+    *,
     defaults: Callable[[S], S],
+    first: tuple[S, list[DevicePlugin]],
 ) -> Reload:
     """Re-read the options the way :func:`run` read them at start (``defaults``: what ``run``'s
-    own arguments set, applied again)."""
-    last: list[Any] = [None, None]
+    own arguments set, applied again); ``first`` is what is served now: unchanged options keep
+    those plugin objects, so nothing restarts."""
+    last: list[Any] = list(first)
 
     def reload() -> tuple[Settings, DevicePlugin | Iterable[DevicePlugin]]:
         new = defaults(load_settings(settings_cls, argv, prog=prog))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import yaml
 from devplug.testing import FakeKubeAPI
 from devplug.testing._process import signal_child
 from tests.dra.dra_kit import NODE
-from tests.metrics.probing import plugin, wait_for_event
+from tests.metrics.probing import env, plugin, wait_for_event
+from tests.support import logged_process
 
 pytestmark = pytest.mark.anyio
 
@@ -66,3 +68,29 @@ async def test_sighup_replaces_the_changed_plugin_and_its_slices_follow(short_di
             failed = (await wait_for_event(log, "reload_failed", 2))[-1]
             assert "cannot change without a restart" in failed["error"]
             assert published() == 4
+
+
+@pytest.mark.parametrize("api", ["device-plugin", "dra"])
+async def test_sighup_with_unchanged_options_restarts_nothing(short_dir: Path, api: str) -> None:
+    """``devplug.run(factory)`` makes a new plugin object each time it is called: a reload whose options
+    did not change keeps that object, the first SIGHUP too, under either API."""
+    (short_dir / "widgets_main.py").write_text(
+        "import devplug\nfrom tests.support import Widgets\ndevplug.run(lambda settings: Widgets())\n"
+    )
+    log = short_dir / "run.log"
+    (short_dir / "k" / "plugins_registry").mkdir(parents=True)
+    async with FakeKubeAPI() as kube_api:
+        kube_api.add_node(NODE)
+        kubeconfig = kube_api.write_kubeconfig(short_dir / "kc")
+        options = [
+            "--api", api, "--kubelet-root", str(short_dir / "k"), "--node-name", NODE,
+            "--device-plugin-dir", str(short_dir / "k" / "device-plugins"),
+            "--kubeconfig", str(kubeconfig), "--cdi-dir", str(short_dir / "cdi"),
+        ]  # fmt: skip
+        path = {"PYTHONPATH": f"{short_dir}{os.pathsep}{env()['PYTHONPATH']}"}
+        async with logged_process("widgets_main", options, log, env=env() | path) as process:
+            await wait_for_event(log, "started")
+            for count in (1, 2):
+                signal_child(process, signal.SIGHUP)
+                done = (await wait_for_event(log, "reloaded", count))[-1]
+                assert (done["unchanged"], done["restarted"]) == (["example.com/widget"], [])
