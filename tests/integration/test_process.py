@@ -14,6 +14,7 @@ import pytest
 
 from devplug.testing import FakeKubelet
 from devplug.testing._process import signal_child
+from tests.support import wait_until
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +57,11 @@ async def test_signal_removes_socket_and_exits_0(
                 reg = await kubelet.wait_for_registration(RESOURCE, timeout=10)
                 await kubelet.wait_for_devices(RESOURCE)
                 assert (dp / reg.endpoint).is_socket()
+                # The kubelet has the devices before Register's answer reaches the plugin (it
+                # dials back during Register): signal once the plugin itself says so.
+                await wait_until(
+                    lambda: '"registered"' in log_path.read_text(), what="the plugin's registered"
+                )
                 for signum in signums:
                     signal_child(process, signum)
                     await anyio.sleep(0.002)
