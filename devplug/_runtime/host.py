@@ -240,13 +240,10 @@ class Host:
                 for service in self.services:
                     fields.update(service.started_fields())
                 log.info("started", version=version(), **fields)
-                try:
-                    for service in self.services:
-                        await tg.start(service.serve, self)
-                    self._started.set()
-                    await anyio.sleep_forever()
-                finally:
-                    log.info("stopping")
+                for service in self.services:
+                    await tg.start(service.serve, self)
+                self._started.set()
+                await anyio.sleep_forever()
         except BaseExceptionGroup as group:
             error = config_error_in(group)
             if error is None:
