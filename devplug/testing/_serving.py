@@ -60,9 +60,9 @@ async def serving(
 async def serving_dra(
     plugins: DevicePlugin | list[DevicePlugin],
     kube_api: FakeKubeAPI,
-    kubelet_root: Path | str,
+    kubelet_root: Path | str | FakeKubelet,
     *,
-    node_name: str = "node-1",
+    node_name: str | None = None,
     **overrides: Any,
 ) -> AsyncIterator[DraDriver]:
     """Run ``plugins`` as a DRA driver while the block runs; stopped (as on SIGTERM) on exit.
@@ -70,24 +70,43 @@ async def serving_dra(
     The driver talks to ``kube_api`` (a kubeconfig is written under ``kubelet_root``), serves its
     sockets under ``kubelet_root`` (``plugins/<driver>/`` and ``plugins_registry/``, which is
     created here as the kubelet would) and writes CDI specs to ``<kubelet_root>/cdi`` unless
-    ``cdi_dir`` is given. The node is added to ``kube_api`` if missing. ``overrides`` are
-    further :class:`devplug.Settings` fields, e.g. ``driver_name="widget.example.com"``.
+    ``cdi_dir`` is given. The node is added to ``kube_api`` if missing.
+
+    Args:
+        plugins: the plugin, or the plugins, the driver serves.
+        kube_api: the API server the driver publishes its ResourceSlices to.
+        kubelet_root: the kubelet's root directory; or a :class:`FakeKubelet` in DRA mode (the
+            ``fake_dra_kubelet`` fixture), whose plugin watcher the driver then registers with:
+            its ``plugins_registry_dir``, the directory above it as the root, and its node.
+        node_name: the driver's node (default: the FakeKubelet's, else ``node-1``).
+        overrides: further :class:`devplug.Settings` fields, e.g. ``driver_name="widget.example.com"``.
 
     Yields the :class:`devplug.dra.DraDriver`: its ``dra_socket``, ``registration_socket``,
-    ``readiness()`` and ``debug_state()``.
+    ``settings`` (``settings.cdi_dir``), ``readiness()`` and ``debug_state()``.
     """
     from pathlib import Path
 
     from devplug import Settings
     from devplug.dra import DraDriver
 
-    root = Path(kubelet_root)
+    where: dict[str, Any] = {}
+    if isinstance(kubelet_root, (Path, str)):
+        root = Path(kubelet_root)
+    else:
+        registry = kubelet_root.plugins_registry_dir
+        if registry is None or kubelet_root._dra is None:
+            raise ValueError("serving_dra needs a FakeKubelet in DRA mode (dra=True, plugins_registry_dir)")
+        root = registry.parent
+        where["plugins_registry_dir"] = registry
+        node_name = node_name or kubelet_root.node_name
+    node_name = node_name or "node-1"
     await anyio.Path(root).mkdir(parents=True, exist_ok=True)
     if not any(n["metadata"]["name"] == node_name for n in kube_api.nodes()):
         kube_api.add_node(node_name)
     values: dict[str, Any] = {
         "api": "dra",
         "kubelet_root": root,
+        **where,
         "node_name": node_name,
         "kubeconfig": kube_api.write_kubeconfig(root / "kubeconfig"),
         "cdi_dir": root / "cdi",

@@ -1,4 +1,5 @@
-"""pytest plugin of devplug: a ``fake_kubelet`` fixture and the asyncio anyio backend.
+"""pytest plugin of devplug: ``fake_kubelet``, ``fake_kube_api`` and ``fake_dra_kubelet`` fixtures,
+and the asyncio anyio backend.
 
 Registered as the ``pytest11`` entry point ``devplug``, so installing devplug enables it. Tests
 that use the fixture are async tests marked ``@pytest.mark.anyio`` (anyio's pytest plugin).
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,9 +18,11 @@ import pytest
 from devplug.testing import FakeKubelet
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Iterator
 
-__all__ = ["anyio_backend", "devplug_event_loop", "fake_kubelet"]
+    from devplug.testing import FakeKubeAPI
+
+__all__ = ["anyio_backend", "devplug_event_loop", "fake_dra_kubelet", "fake_kube_api", "fake_kubelet"]
 
 
 @pytest.fixture(scope="session")
@@ -77,10 +81,52 @@ async def fake_kubelet(devplug_event_loop: None) -> AsyncIterator[FakeKubelet]:
     short directory in ``/tmp`` (pytest's ``tmp_path`` is often too long for unix socket
     paths, which are limited to 107 bytes), removed afterwards.
     """
+    with _short_root() as root:
+        async with FakeKubelet(
+            root / "device-plugins", plugins_registry_dir=root / "plugins_registry"
+        ) as kubelet:
+            yield kubelet
+
+
+_NODE = "node-1"
+
+
+@pytest.fixture
+async def fake_kube_api(devplug_event_loop: None) -> AsyncIterator[FakeKubeAPI]:
+    """A started ``FakeKubeAPI`` with the Node ``node-1`` (needs the ``testing`` extra)."""
+    # Imported here: the other fixtures need no extra, and this plugin is loaded in every session.
+    from devplug.testing import FakeKubeAPI
+
+    async with FakeKubeAPI() as api:
+        api.add_node(_NODE)
+        yield api
+
+
+@pytest.fixture
+async def fake_dra_kubelet(fake_kube_api: FakeKubeAPI) -> AsyncIterator[FakeKubelet]:
+    """A started ``FakeKubelet`` in DRA mode for the node ``node-1`` of ``fake_kube_api``.
+
+    Laid out as a kubelet's root, a fresh short directory in ``/tmp`` removed afterwards:
+    ``plugins_registry`` (its plugin watcher), ``plugins`` (where drivers put their sockets)
+    and ``device-plugins``. ``serving_dra(plugin, fake_kube_api, fake_dra_kubelet)`` serves a
+    driver there; it writes its CDI specs to ``cdi`` in the same root.
+    """
+    with _short_root() as root:
+        async with FakeKubelet(
+            root / "device-plugins",
+            plugins_registry_dir=root / "plugins_registry",
+            dra=True,
+            kube_api=fake_kube_api,
+            node_name=_NODE,
+        ) as kubelet:
+            yield kubelet
+
+
+@contextmanager
+def _short_root() -> Iterator[Path]:
+    # pytest's tmp_path is often too long for unix socket paths (107 bytes at most).
     root = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
     try:
-        kubelet = FakeKubelet(root / "device-plugins", plugins_registry_dir=root / "plugins_registry")
-        async with kubelet:
-            yield kubelet
+        yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)
