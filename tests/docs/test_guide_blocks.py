@@ -3,7 +3,8 @@ guide's plugin, conftest and test run under ``pytest -q``; the devplug commands 
 sub-commands and flags that exist.
 
 Executed: the author guide's ``fpga.py``, its ``conftest.py`` block, its test block (saved as
-``test_fpga.py``) and its conformance test (``test_conformance.py``). Only checked: the other
+``test_fpga.py``), its conformance test (``test_conformance.py``), and the blocks it has the
+reader save as ``test_*.py`` (the DRA driver's tests and conformance test). Only checked: the other
 python blocks (fragments: ``...`` for methods shown earlier, names such as ``gpus()`` left to
 the reader), the devplug, devplug-fake
 and devplug-nvidia command lines (flags against ``--help``), and the kubectl and docker lines,
@@ -67,7 +68,7 @@ def fpga_project() -> Iterator[Path]:
 def test_the_author_guide_plugin_and_its_tests_pass(fpga_project: Path) -> None:
     (plugin,) = [b for b in AUTHOR if b.file_name == "fpga.py"]
     (conftest,) = [b for b in AUTHOR if "def anyio_backend" in b.text]
-    tests = [b for b in AUTHOR if "from fpga import Fpgas" in b.text]
+    tests = [b for b in AUTHOR if "from fpga import Fpgas" in b.text and not b.file_name]
     (conformance,) = [b for b in AUTHOR if "run_conformance(" in b.text]
     assert len(tests) == 1, [str(b) for b in tests]
     (fpga_project / "fpga.py").write_text(plugin.text)
@@ -75,6 +76,12 @@ def test_the_author_guide_plugin_and_its_tests_pass(fpga_project: Path) -> None:
     (fpga_project / "test_fpga.py").write_text(tests[0].text)
     # The conformance block starts fpga.py as a process, with the guide's own --pattern option.
     (fpga_project / "test_conformance.py").write_text(conformance.text)
+    # Test files the guide names (``# test_fpga_dra.py``): the DRA driver's tests.
+    named = [b for b in AUTHOR if b.file_name and b.file_name.startswith("test_")]
+    assert {b.file_name for b in named} >= {"test_fpga_dra.py", "test_dra_conformance.py"}
+    for block in named:
+        assert not (fpga_project / str(block.file_name)).exists(), f"{block}: a second {block.file_name}"
+        (fpga_project / str(block.file_name)).write_text(block.text)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
         check=False,
@@ -85,7 +92,7 @@ def test_the_author_guide_plugin_and_its_tests_pass(fpga_project: Path) -> None:
         env=environment(),
     )
     assert result.returncode == 0, result.stdout[-3000:]
-    assert "3 passed" in result.stdout
+    assert "6 passed" in result.stdout
 
 
 def command_lines() -> list[tuple[Block, str]]:
