@@ -59,6 +59,7 @@ class RawDraDriver:
         )
         self.serve = serve
         self.info_delay = 0.0
+        self.notify_delay = 0.0
         self.prepare_delay = 0.0
         self.prepare_handler: PrepareHandler | None = None
         self.unprepare_handler: PrepareHandler | None = None
@@ -225,6 +226,7 @@ class _Registration:
     async def NotifyRegistrationStatus(
         self, request: reg_pb.RegistrationStatus, context: Context
     ) -> reg_pb.RegistrationStatusResponse:
+        await anyio.sleep(self.d.notify_delay)
         self.d.statuses.append((request.plugin_registered, request.error))
         self.d._bump()
         return reg_pb.RegistrationStatusResponse()

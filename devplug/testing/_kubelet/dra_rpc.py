@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
+from devplug._grpc_calls import await_call
 from devplug._proto.dra.v1 import api_pb2 as dra_v1
 from devplug._proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from devplug._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
@@ -73,9 +74,8 @@ async def prepare(
     """
     pb, pb_grpc = _MODULES[service]
     stub: Any = pb_grpc.DRAPluginStub(channel)
-    reply = await stub.NodePrepareResources(
-        pb.NodePrepareResourcesRequest(claims=_claims(pb, claims)), timeout=deadline
-    )
+    request = pb.NodePrepareResourcesRequest(claims=_claims(pb, claims))
+    reply = await await_call(stub.NodePrepareResources(request, timeout=deadline))
     results: dict[str, ClaimResult] = {}
     for uid, entry in reply.claims.items():
         devices = tuple(
@@ -103,7 +103,7 @@ async def unprepare(
     pb, pb_grpc = _MODULES[service]
     stub: Any = pb_grpc.DRAPluginStub(channel)
     request = pb.NodeUnprepareResourcesRequest(claims=_claims(pb, claims))
-    reply = await stub.NodeUnprepareResources(request, timeout=deadline)
+    reply = await await_call(stub.NodeUnprepareResources(request, timeout=deadline))
     return {uid: entry.error for uid, entry in reply.claims.items()}
 
 

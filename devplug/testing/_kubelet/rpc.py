@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 import anyio
 import grpc
 
+from devplug._grpc_calls import await_call
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
@@ -95,7 +96,7 @@ class PluginClient:
     async def get_options(self) -> PluginOptions:
         reply = cast(
             "pb.DevicePluginOptions",
-            await self._stub.GetDevicePluginOptions(pb.Empty(), timeout=self.deadline),
+            await await_call(self._stub.GetDevicePluginOptions(pb.Empty(), timeout=self.deadline)),
         )
         return PluginOptions(
             pre_start_required=reply.pre_start_required,
@@ -111,7 +112,8 @@ class PluginClient:
         request = pb.AllocateRequest(
             container_requests=[pb.ContainerAllocateRequest(devices_ids=list(ids)) for ids in requests]
         )
-        reply = cast("pb.AllocateResponse", await self._stub.Allocate(request, timeout=self.deadline))
+        call = self._stub.Allocate(request, timeout=self.deadline)
+        reply = cast("pb.AllocateResponse", await await_call(call))
         return [_allocation(r) for r in reply.container_responses]
 
     async def preferred(
@@ -130,14 +132,16 @@ class PluginClient:
         )
         reply = cast(
             "pb.PreferredAllocationResponse",
-            await self._stub.GetPreferredAllocation(request, timeout=self.deadline),
+            await await_call(self._stub.GetPreferredAllocation(request, timeout=self.deadline)),
         )
         return list(reply.container_responses[0].deviceIDs) if reply.container_responses else None
 
     async def pre_start(self, device_ids: Sequence[str], *, deadline: float | None = None) -> None:
         """PreStartContainer with one container's device IDs; ``deadline`` overrides the client's."""
         request = pb.PreStartContainerRequest(devices_ids=list(device_ids))
-        await self._stub.PreStartContainer(request, timeout=self.deadline if deadline is None else deadline)
+        await await_call(
+            self._stub.PreStartContainer(request, timeout=self.deadline if deadline is None else deadline)
+        )
 
     async def close(self) -> None:
         await self.channel.close(None)
@@ -193,11 +197,12 @@ class RegistrationInfoClient:
         self._stub: Any = reg_pb_grpc.RegistrationStub(channel)
 
     async def get_info(self, *, deadline: float) -> reg_pb.PluginInfo:
-        return cast("reg_pb.PluginInfo", await self._stub.GetInfo(reg_pb.InfoRequest(), timeout=deadline))
+        call = self._stub.GetInfo(reg_pb.InfoRequest(), timeout=deadline)
+        return cast("reg_pb.PluginInfo", await await_call(call))
 
     async def notify(self, registered: bool, error: str, *, deadline: float) -> None:
         status = reg_pb.RegistrationStatus(plugin_registered=registered, error=error)
-        await self._stub.NotifyRegistrationStatus(status, timeout=deadline)
+        await await_call(self._stub.NotifyRegistrationStatus(status, timeout=deadline))
 
 
 class _RegistrationService:

@@ -217,6 +217,21 @@ async def test_the_wipe_is_cancelled_when_an_instance_comes_back_in_time(
     await never_within(lambda: names(dra_api) != {"a"}, gone + 3.3 - time.monotonic(), what="a wipe")
 
 
+async def test_a_socket_deleted_while_its_registration_status_is_sent_leaves_the_watcher_running(
+    dra_kubelet: FakeKubelet, make_dra_driver: MakeDraDriver
+) -> None:
+    # grpc.aio answers a cancelled call with a CancelledError that anyio's scopes do not know as
+    # theirs: the watcher's task group used to end with it, and no later socket was registered.
+    old = await make_dra_driver("a", reg_name="a-reg.sock", serve_now=False)
+    old.notify_delay = 30.0
+    await old.start()
+    await dra_kubelet.wait_for_usable(DRIVER)
+    await old.stop()
+    await dra_kubelet.wait_for_dra(lambda: DRIVER not in dra_kubelet.dra_drivers)
+    await make_dra_driver("b", reg_name="b-reg.sock")
+    await dra_kubelet.wait_for_usable(DRIVER)
+
+
 async def test_without_kube_api_nothing_is_wiped(short_dir: Path, dra_api: FakeKubeAPI) -> None:
     await add_slices(dra_api, ("a", NODE, DRIVER))
     async with FakeKubelet(short_dir / "dp", plugins_registry_dir=short_dir / "reg", dra=True):

@@ -1,0 +1,75 @@
+"""A grpc.aio unary call cancelled by an anyio scope: the scope sees its own cancellation."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import grpc
+import pytest
+
+from devplug._grpc_calls import await_call
+from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
+from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+pytestmark = pytest.mark.anyio
+
+
+class _Slow(reg_pb_grpc.RegistrationServicer):
+    async def GetInfo(self, request: reg_pb.InfoRequest, context: object) -> reg_pb.PluginInfo:
+        await anyio.sleep(30)
+        return reg_pb.PluginInfo()
+
+
+@pytest.fixture
+async def stub() -> AsyncIterator[Any]:
+    with tempfile.TemporaryDirectory(prefix="dpc-", dir="/tmp") as root:
+        path = Path(root) / "slow.sock"
+        server = grpc.aio.server()
+        reg_pb_grpc.add_RegistrationServicer_to_server(_Slow(), server)
+        server.add_insecure_port(f"unix:{path}")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
+                yield reg_pb_grpc.RegistrationStub(channel)
+        finally:
+            await server.stop(None)
+
+
+async def _cancelled_inside_a_task_group(call: Callable[[], Awaitable[object]]) -> list[str]:
+    """Cancel a scope around ``call`` once the call is under way; what the task did after it."""
+    seen: list[str] = []
+
+    async def worker() -> None:
+        with anyio.move_on_after(0.3) as scope:
+            await call()
+        seen.append(f"after the scope, cancelled_caught={scope.cancelled_caught}")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker)
+    return seen
+
+
+async def test_a_cancelled_scope_catches_its_own_cancellation_of_a_call(stub: Any) -> None:
+    seen = await _cancelled_inside_a_task_group(
+        lambda: await_call(stub.GetInfo(reg_pb.InfoRequest(), timeout=10))
+    )
+    assert seen == ["after the scope, cancelled_caught=True"]
+
+
+async def test_grpc_alone_lets_the_cancellation_through_the_scope(stub: Any) -> None:
+    """Why await_call exists: should grpc.aio keep anyio's cancellation one day, it can go."""
+    with anyio.fail_after(5):
+        seen = await _cancelled_inside_a_task_group(lambda: stub.GetInfo(reg_pb.InfoRequest(), timeout=10))
+    assert seen == []
+
+
+async def test_a_failed_call_raises_the_rpc_error(stub: Any) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await await_call(stub.GetInfo(reg_pb.InfoRequest(), timeout=0.1))
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
