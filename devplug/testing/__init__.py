@@ -7,13 +7,14 @@ restarts and the plugin-watcher path. With ``dra=True`` it is also the kubelet's
 DRA drivers register through the plugin watcher, and the kubelet's NodePrepareResources,
 NodeUnprepareResources and health stream are offered, with the ResourceSlice wipes of a
 :class:`FakeKubeAPI`. The pytest plugin (``devplug.testing.pytest_plugin``,
-loaded automatically) adds a ``fake_kubelet`` fixture; :func:`serving` runs a plugin in the
-background of a test against it. :func:`run_conformance` runs a plugin command against a
-private fake kubelet and checks what the kubelet relies on; :func:`run_dra_conformance` does the
-same for a DRA driver.
+loaded automatically) adds a ``fake_kubelet`` fixture, and for DRA drivers ``fake_kube_api`` and
+``fake_dra_kubelet``; :func:`serving` runs a plugin in the background of a test against the
+first, :func:`serving_dra` runs it as a DRA driver against the other two.
+:func:`run_conformance` runs a plugin command against a private fake kubelet and checks what the
+kubelet relies on; :func:`run_dra_conformance` does the same for a DRA driver.
 
-Apart from :func:`serving`, this package talks to plugins only over gRPC: it does not depend on
-devplug's runtime, so it tests plugins written with anything.
+Apart from :func:`serving` and :func:`serving_dra`, this package talks to plugins only over
+gRPC: it does not depend on devplug's runtime, so it tests plugins written with anything.
 """
 
 import typing

@@ -106,10 +106,10 @@ async def fake_kube_api(devplug_event_loop: None) -> AsyncIterator[FakeKubeAPI]:
 async def fake_dra_kubelet(fake_kube_api: FakeKubeAPI) -> AsyncIterator[FakeKubelet]:
     """A started ``FakeKubelet`` in DRA mode for the node ``node-1`` of ``fake_kube_api``.
 
-    Laid out as a kubelet's root, a fresh short directory in ``/tmp`` removed afterwards:
-    ``plugins_registry`` (its plugin watcher), ``plugins`` (where drivers put their sockets)
-    and ``device-plugins``. ``serving_dra(plugin, fake_kube_api, fake_dra_kubelet)`` serves a
-    driver there; it writes its CDI specs to ``cdi`` in the same root.
+    Laid out as a kubelet's root, a fresh short directory in ``/tmp`` removed afterwards: its
+    plugin watcher on ``plugins_registry``, and ``device-plugins``.
+    ``serving_dra(plugin, fake_kube_api, fake_dra_kubelet)`` serves a driver there, with its
+    socket in ``plugins/<driver>/`` and its CDI specs in ``cdi``.
     """
     with _short_root() as root:
         async with FakeKubelet(
