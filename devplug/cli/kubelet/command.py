@@ -40,7 +40,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="run a fake kubelet that plugins register with, printing what it learns",
         usage=(
             "devplug kubelet [-h] (--dir DIR [--watcher-dir DIR] | --dra --kubelet-root ROOT "
-            "[--node-name NAME]) [--version]"
+            "[--node-name NAME]) [--version]\n"
+            "       devplug kubelet claim --kubelet-root ROOT [--driver DRIVER] [--device DEVICE ...] NAME\n"
+            "       devplug kubelet claim --kubelet-root ROOT --delete NAME"
         ),
         description=(
             "Serve a fake kubelet (devplug.testing.FakeKubelet) on DIR/kubelet.sock until Ctrl-C, "
@@ -48,7 +50,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
             "'devplug run MODULE:CLASS --device-plugin-dir DIR' and 'devplug inspect DIR/SOCKET' "
             "next to it. With --dra, a fake API server too, and the kubelet's DRA manager under "
             "ROOT: it prints the command that starts a DRA driver against them, then "
-            "registrations, published pools, taints and health as they happen."
+            "registrations, published pools, taints and health as they happen; it allocates and "
+            "prepares the claims in its API server ('devplug kubelet claim', or kubectl apply "
+            "with its kubeconfig). Restarted on the same ROOT, it keeps the API server's address."
         ),
     )
     parser.add_argument("--dir", type=Path, metavar="DIR", help="the device-plugin directory to serve")
@@ -75,6 +79,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="NAME",
         help="--dra: the node the API server holds and the drivers publish for (default: node-1)",
     )
+    from devplug.cli.kubelet import claim
+
+    actions = parser.add_subparsers(dest="action", title="with a running --dra", metavar="claim")
+    claim_parser = claim.add_parser(actions)
+    claim_parser.set_defaults(claim_parser=claim_parser)  # for its one-line errors
     return parser
 
 
@@ -106,6 +115,12 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # for every `devplug` command that builds the parser.
     from devplug.testing import FakeKubelet
 
+    if args.action == "claim":
+        from devplug.cli.kubelet import claim
+
+        if args.dir or args.watcher_dir or args.dra:
+            parser.error("'claim' goes alone: devplug kubelet claim --kubelet-root ROOT NAME")
+        return claim.main(args, args.claim_parser)
     _check(args, parser)
     # The kit logs through structlog at info: keep its lines off the terminal's report.
     configure_logging("console", "warning")
@@ -115,15 +130,38 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         kubelet = FakeKubelet(args.dir, plugins_registry_dir=args.watcher_dir)
     except ValueError as exc:  # a socket path over the 107 bytes AF_UNIX allows
         parser.error(str(exc))
-    return _run(lambda: _serve(kubelet, sys.stdout))
+    return _guarded(kubelet, lambda: _run(lambda: _serve(kubelet, sys.stdout)))
+
+
+def _guarded(kubelet: FakeKubelet, serve: Callable[[], int]) -> int:
+    """``serve()`` while holding the lock of the kubelet's directory; 2 (one line) when another
+    kubelet serves it."""
+    from devplug.cli.kubelet.guard import DirectoryLock, Taken
+
+    lock = DirectoryLock(kubelet.socket_path.parent)
+    try:
+        lock.acquire()
+    except (Taken, OSError) as exc:
+        print(f"devplug kubelet: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return serve()
+    finally:
+        lock.release()
 
 
 def _main_dra(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from devplug.cli.kubelet.dra import serve_dra
+    from devplug.cli.kubelet.guard import port_free, previous_port
     from devplug.testing import FakeKubeAPI, FakeKubelet
 
     root = args.kubelet_root.absolute()
-    api = FakeKubeAPI()
+    kubeconfig = root / "kubeconfig"
+    # The address of the last run on ROOT, if it is free: drivers started against that run
+    # read its kubeconfig once, and reach this API server at the same address.
+    last = previous_port(kubeconfig)
+    port = last if last and port_free(last) else 0
+    api = FakeKubeAPI(port=port)
     try:
         kubelet = FakeKubelet(
             root / "device-plugins",
@@ -134,7 +172,14 @@ def _main_dra(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
     except ValueError as exc:  # a socket path over the 107 bytes AF_UNIX allows
         parser.error(str(exc))
-    return _run(lambda: serve_dra(api, kubelet, root, root / "kubeconfig", sys.stdout, follow_devices=follow))
+    return _guarded(
+        kubelet,
+        lambda: _run(
+            lambda: serve_dra(
+                api, kubelet, root, kubeconfig, sys.stdout, follow_devices=follow, last_port=last
+            )
+        ),
+    )
 
 
 def _run(serving: Callable[[], Awaitable[None]]) -> int:

@@ -6,10 +6,13 @@ A :class:`~devplug.testing.FakeKubeAPI` (HTTP on 127.0.0.1, with the node) and a
 driver against them first, then what the kubelet and the API server learn, one line each:
 DRA registrations (accepted or refused, with the kubelet's text), each driver's published
 pool (its devices, their changes, taints added and removed), the kubelet's health of the
-devices, a driver losing its connection or going away. The device-plugin side is served too
-(``ROOT/device-plugins/kubelet.sock``) and told as ``devplug kubelet --dir`` tells it. On the
-way out ``kubelet.sock`` and the kubeconfig are removed; the drivers' sockets, slices' state
-and CDI files are theirs.
+devices, a driver losing its connection or going away, and the claims it allocates and
+prepares (:mod:`devplug.cli.kubelet.claims`). Each accepted registration is followed by the
+commands for that driver: inspect it, prepare a claim with ``devplug claim``. The
+device-plugin side is served too (``ROOT/device-plugins/kubelet.sock``) and told as
+``devplug kubelet --dir`` tells it. On the way out ``kubelet.sock`` is removed; the kubeconfig
+stays, and the next run on ROOT serves the same address (:mod:`devplug.cli.kubelet.guard`);
+the drivers' sockets, slices' state and CDI files are theirs.
 """
 
 from __future__ import annotations
@@ -32,27 +35,34 @@ Health = dict[tuple[str, str], str]
 Instances = tuple[tuple[str, bool], ...]
 """A driver's registered instances: DRA endpoint, connected."""
 
-EXAMPLE_DRIVER = "fake.example.com"
-"""devplug-fake's driver name (its resource example.com/fake turned around)."""
 _SHOWN = 12
 """Device names listed in a pool's line; more are counted."""
 
 
 def driver_commands(root: Path, node: str, kubeconfig: Path) -> list[str]:
-    """The lines that tell how to start and inspect a driver against this kubelet."""
+    """The lines that tell how to start a driver against this kubelet, and what to do with it."""
     common = [
         "--kubelet-root", str(root), "--node-name", node,
         "--kubeconfig", str(kubeconfig), "--cdi-dir", str(root / "cdi"),
     ]  # fmt: skip
     fake = shlex.join(["devplug-fake", "--api", "dra", *common])
     run = shlex.join(["devplug", "run", "--api", "dra", "MODULE:CLASS", *common])
-    dra_socket = shlex.join(["devplug", "inspect", str(root / "plugins" / EXAMPLE_DRIVER / "dra.sock")])
     return [
         "start a DRA driver against it:",
         f"  {fake}",
         f"  {run}",
-        f"inspect it (for another driver, its name instead of {EXAMPLE_DRIVER}):",
-        f"  {dra_socket}",
+        "each driver's registration is followed by the commands that inspect it and prepare a claim",
+    ]
+
+
+def driver_hints(root: Path, driver: str) -> list[str]:
+    """The commands for a driver that has just registered: inspect it, prepare a claim, delete it."""
+    dra_socket = shlex.join(["devplug", "inspect", str(root / "plugins" / driver / "dra.sock")])
+    claim = ["devplug", "kubelet", "claim", "--kubelet-root", str(root)]
+    return [
+        f"  inspect it: {dra_socket}",
+        f"  prepare a claim: {shlex.join([*claim, '--driver', driver, 'NAME'])} (--device DEVICE to choose)",
+        f"  unprepare and delete it: {shlex.join([*claim, '--delete', 'NAME'])}",
     ]
 
 
@@ -64,45 +74,56 @@ async def serve_dra(
     out: TextIO,
     *,
     follow_devices: Callable[[FakeKubelet, TextIO], Coroutine[Any, Any, None]],
+    last_port: int = 0,
 ) -> None:
     """Serve ``api`` and ``kubelet`` (not started yet) until SIGINT / SIGTERM (devplug's handler:
     before serving, the start is cancelled and Interrupted raised), telling what happens.
 
-    ``follow_devices`` tells the device-plugin side (``devplug kubelet``'s own follower).
+    ``follow_devices`` tells the device-plugin side (``devplug kubelet``'s own follower);
+    ``last_port`` is the API server's port in the kubeconfig of the last run on the root (0:
+    none), told when it could not be kept. The kubeconfig stays on the way out, for the next run.
     """
     from devplug._runtime.signals import until_signalled
+    from devplug.cli.kubelet.claims import follow_claims
 
     node = kubelet.node_name
 
     async def follow_all() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(follow_devices, kubelet, out)
-            tg.start_soon(follow_dra, kubelet, out)
+            tg.start_soon(follow_dra, kubelet, root, out)
             tg.start_soon(follow_pools, api, node, out)
+            tg.start_soon(follow_claims, api, kubelet, node, out)
 
     async with api:
         api.add_node(node)
-        try:
-            async with kubelet:  # it makes ROOT and its directories, as a kubelet does
-                api.write_kubeconfig(kubeconfig)
-                for line in driver_commands(root, node, kubeconfig):
-                    say(out, line)
-                say(out, f"API server {api.url} with node {node}; kubeconfig {kubeconfig}")
-                say(out, f"kubelet serving {kubelet.socket_path}")
-                say(out, f"plugin watcher (DRA) on {kubelet.plugins_registry_dir}")
-                say(out, "Ctrl-C to stop")
-                await until_signalled(follow_all)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await anyio.Path(kubeconfig).unlink(missing_ok=True)
-    say(out, f"stopped; {kubelet.socket_path.name} and {kubeconfig.name} removed")
+        async with kubelet:  # it makes ROOT and its directories, as a kubelet does
+            api.write_kubeconfig(kubeconfig)
+            for line in driver_commands(root, node, kubeconfig):
+                say(out, line)
+            say(out, f"API server {api.url} with node {node}; kubeconfig {kubeconfig}")
+            if last_port and not api.url.endswith(f":{last_port}"):
+                say(
+                    out,
+                    f"the last run's port {last_port} is taken: restart drivers started against it "
+                    "(they read the kubeconfig once)",
+                )
+            say(out, f"kubelet serving {kubelet.socket_path}")
+            say(out, f"plugin watcher (DRA) on {kubelet.plugins_registry_dir}")
+            say(out, "Ctrl-C to stop")
+            await until_signalled(follow_all)
+    say(
+        out,
+        f"stopped; {kubelet.socket_path.name} removed, {kubeconfig.name} kept for the next run on this root",
+    )
 
 
 # -- the kubelet's side ---------------------------------------------------------------------------
 
 
-async def follow_dra(kubelet: FakeKubelet, out: TextIO) -> None:
-    """Print every DRA registration, instance and health change of ``kubelet``, for ever."""
+async def follow_dra(kubelet: FakeKubelet, root: Path, out: TextIO) -> None:
+    """Print every DRA registration (an accepted one with :func:`driver_hints`), instance and
+    health change of ``kubelet``, for ever."""
     seen = 0
     instances: dict[str, Instances] = {}
     health: dict[str, Health] = {}
@@ -120,6 +141,9 @@ async def follow_dra(kubelet: FakeKubelet, out: TextIO) -> None:
             continue
         for registration in kubelet.dra_registrations[seen:]:
             say(out, dra_registration_line(registration))
+            if registration.accepted:
+                for line in driver_hints(root, registration.driver):
+                    say(out, line)
         seen = len(kubelet.dra_registrations)
         now_instances, now_health = _state(kubelet)
         for driver in sorted(instances.keys() | now_instances.keys()):

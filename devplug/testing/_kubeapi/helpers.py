@@ -186,6 +186,20 @@ class KubeAPIHelpers:
         """
         return self._get(CLAIMS, namespace, name)
 
+    def claims(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """The stored ResourceClaims (copies), of ``namespace`` or of all namespaces."""
+        return list(self._store.items(CLAIMS, namespace))
+
+    def annotate_claim(self, namespace: str, name: str, annotations: dict[str, str]) -> dict[str, Any]:
+        """Add ``annotations`` to the claim (as a controller's patch would) and return it.
+
+        Raises:
+            LookupError: there is no such claim.
+        """
+        claim = self.claim(namespace, name)
+        claim["metadata"].setdefault("annotations", {}).update(annotations)
+        return self._store.write(CLAIMS, claim)
+
     def _get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any]:
         try:
             return self._store.get(kind, namespace, name)

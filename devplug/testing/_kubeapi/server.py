@@ -103,6 +103,7 @@ class FakeKubeAPI(KubeAPIHelpers):
         partitionable_devices: bool = True,
         event_history: int = 1000,
         user: str = "system:serviceaccount:kube-system:dra-driver",
+        port: int = 0,
     ) -> None:
         """Prepare a server; nothing listens until ``start()``.
 
@@ -118,6 +119,8 @@ class FakeKubeAPI(KubeAPIHelpers):
                 only counter sets is stored empty.
             event_history: how many writes a watch can replay (older resourceVersions: 410).
             user: the user named in injected 403 answers.
+            port: the port of 127.0.0.1 to listen on; 0 (the default) takes a free one. A
+                fixed port lets a server started again keep the address its clients know.
         """
         super().__init__()
         self._store = Store(
@@ -127,6 +130,7 @@ class FakeKubeAPI(KubeAPIHelpers):
             partitionable_devices=partitionable_devices,
         )
         self._server = HTTPServer(self._handle)
+        self._server.port = port
         self._started = False
         self._delay = 0.0
         self._faults: list[Fault] = []
@@ -146,7 +150,11 @@ class FakeKubeAPI(KubeAPIHelpers):
         await self.stop()
 
     async def start(self) -> None:
-        """Listen on a free port of 127.0.0.1 (the same port again after :meth:`stop`)."""
+        """Listen on 127.0.0.1: the port given, else a free one (the same port again after :meth:`stop`).
+
+        Raises:
+            OSError: the port given is taken.
+        """
         if self._server.running:
             raise RuntimeError("FakeKubeAPI is already running")
         self._server.listen()
