@@ -20,7 +20,7 @@ from devplug._device_plugin.resource import ResourceRunner, ResourceStatus, Rest
 from devplug._device_plugin.telemetry import ResourceCounters
 from devplug._names import resource_name_problem
 from devplug._runtime.host import Host, Readiness, Reload, as_list, retry_forever, settings_changed
-from devplug._runtime.sockets import MAX_SOCKET_PATH, directory_exposure, unique_socket_name
+from devplug._runtime.sockets import MAX_SOCKET_PATH, directory_exposure, unique_socket_name, unwritable
 from devplug._settings_groups import fields_of
 from devplug.errors import ConfigError
 from devplug.plugin import DevicePlugin
@@ -317,7 +317,12 @@ def _check_directories(settings: Settings) -> None:
 
 
 def _judge_directory(settings: Settings, directory: Path) -> None:
-    """Refuse (ConfigError) or warn about a kubelet directory that every user may write to."""
+    """Refuse (ConfigError) or warn about a kubelet directory that every user may write to;
+    refuse the sockets' directory when this process may not create files in it."""
+    if directory == _kubelet_directories(settings)[0]:
+        refusal = unwritable(directory)
+        if refusal is not None:
+            raise ConfigError(refusal)
     problem = directory_exposure(directory)
     if problem is None:
         return

@@ -11,7 +11,9 @@
 The DRA socket serves before the registration socket exists: the kubelet dials the endpoint as
 soon as it has read GetInfo. Socket names carry the pod UID when given (an old and a new pod of
 a rolling update serve side by side; kubelets >= 1.33 keep both); without it, a second instance
-on the same paths is refused (a live socket is never removed).
+on the same paths is refused at start, before it writes anything to the API server: each
+instance holds a lock named after its DRA socket for as long as it runs, and a socket that
+answers is another instance's (a dead one is a crashed predecessor's, and replaced).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from devplug._dra.checkpoint import FILE_NAME, Checkpoint
 from devplug._dra.claims import ClaimError, Preparer
 from devplug._dra.inventory import Inventory
 from devplug._dra.kube import KubeError, load_client
+from devplug._dra.lock import hold_exclusive
 from devplug._dra.names import default_driver_name
 from devplug._dra.publisher import SlicePublisher
 from devplug._dra.servicer import (
@@ -43,7 +46,14 @@ from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
 from devplug._runtime.feed import feed_devices
 from devplug._runtime.host import Host, Readiness, Reload, retry_forever
-from devplug._runtime.sockets import MAX_SOCKET_PATH, SocketServer, SocketUnavailableError, make_directories
+from devplug._runtime.sockets import (
+    MAX_SOCKET_PATH,
+    SocketServer,
+    SocketUnavailableError,
+    is_live_socket,
+    make_directories,
+    unwritable,
+)
 from devplug._settings_groups import fields_of
 from devplug.errors import ConfigError
 
@@ -109,6 +119,7 @@ class DraService:
         self._host: Host | None = None
         self._tg: TaskGroup | None = None
         self._feeds: list[anyio.CancelScope] = []
+        self._instance_lock: int | None = None
 
     @property
     def plugins(self) -> tuple[DevicePlugin, ...]:
@@ -125,7 +136,11 @@ class DraService:
         return [self.data_dir, self.settings.plugins_registry_dir]
 
     def directory_found(self, directory: Path) -> None:
-        pass  # the driver's own directory is created private; plugins_registry is the kubelet's
+        # The driver's own directory is created private; plugins_registry is the kubelet's, and
+        # this process must be able to create its registration socket there.
+        refusal = unwritable(directory)
+        if refusal is not None:
+            raise ConfigError(refusal)
 
     def started_fields(self) -> dict[str, object]:
         return {"dra_socket": str(self.dra_socket), "services": list(SUPPORTED_SERVICES)}
@@ -181,8 +196,9 @@ class DraService:
         """Everything that can fail for a configuration reason, before anything is served.
 
         Raises:
-            ConfigError: the driver's directory cannot be created, plugins_registry is not a
-                directory, no usable kubeconfig.
+            ConfigError: the driver's directory cannot be created, a socket directory this
+                process may not write to, plugins_registry is not a directory, another
+                instance of the driver serves on the same sockets, no usable kubeconfig.
         """
         # The driver's own directory (with its state) is created; plugins_registry is the
         # kubelet's, created by its plugin watcher at start, and only waited for.
@@ -193,6 +209,11 @@ class DraService:
         registry = self.settings.plugins_registry_dir
         if registry.exists() and not registry.is_dir():
             raise ConfigError(f"{registry} exists and is not a directory")
+        for directory in (self.data_dir, registry):
+            refusal = unwritable(directory)
+            if refusal is not None:
+                raise ConfigError(refusal)
+        self._claim_sockets()
         kube = self._kube or load_client(self.settings.kubeconfig)
         self._own_kube = self._kube is None
         self._kube = kube
@@ -215,7 +236,31 @@ class DraService:
             host_root=self.settings.host_root,
         )
 
+    def _claim_sockets(self) -> None:
+        """Hold this instance's lock, or refuse to start: a second copy on the same sockets would
+        publish the same slices and then fail to serve, for ever."""
+        if self._instance_lock is not None:
+            return
+        lock = self.state_dir / f"{self.dra_socket.name}.lock"
+        try:
+            fd = hold_exclusive(lock)
+        except OSError as exc:
+            raise ConfigError(f"cannot open the lock file {lock}: {exc.strerror}") from None
+        live = [p for p in (self.dra_socket, self.registration_socket) if is_live_socket(p)]
+        if fd is None or live:
+            if fd is not None:
+                os.close(fd)
+            where = live[0] if live else self.dra_socket
+            raise ConfigError(
+                f"another instance of DRA driver {self.driver} is serving on {where}: stop it first "
+                "(instances of a rolling update need their own --pod-uid)"
+            )
+        self._instance_lock = fd
+
     async def close(self) -> None:
+        fd, self._instance_lock = self._instance_lock, None
+        if fd is not None:
+            os.close(fd)
         if self._own_kube and self._kube is not None:
             with contextlib.suppress(Exception):
                 await self._kube.aclose()

@@ -136,3 +136,16 @@ def _try_flock(fd: int) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+def hold_exclusive(path: Path) -> int | None:
+    """An open descriptor of ``path`` (created 0600) that holds its ``flock``, or None when
+    another open file holds it (another process, or this one through another descriptor).
+
+    The lock lasts until the descriptor is closed, by the holder or by its exit.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    if _try_flock(fd):
+        return fd
+    os.close(fd)
+    return None

@@ -327,13 +327,18 @@ async def retry_forever(
     jittered back-off after it raises one of ``errors`` (``failed(error, delay)`` is told first).
 
     What one service or resource does wrong must not take the process down: the rest keeps
-    serving while this one retries.
+    serving while this one retries. A ConfigError is the exception: it says that no retry can
+    work (a directory this process may not write to), and is raised for the process to stop
+    with its one line.
     """
     backoff = Backoff(initial=initial, maximum=maximum)
     while True:
         try:
             await attempt()
         except errors as exc:
+            refusal = config_error_in(exc)
+            if refusal is not None:
+                raise refusal from None
             delay = backoff.next()
             failed(exc, delay)
             await anyio.sleep(delay)

@@ -8,6 +8,7 @@ removed; symlinks are never followed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
@@ -23,7 +24,7 @@ import structlog
 
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from devplug.errors import DevplugError
+from devplug.errors import ConfigError, DevplugError
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -53,6 +54,41 @@ def is_live_socket(path: Path) -> bool:
 
 class SocketUnavailableError(DevplugError):
     """A socket path that may not be used: too long, a symlink, another file, or in use."""
+
+
+# What no retry mends: the directory refuses new files to this process (its mode, a read-only
+# mount, an immutable directory), and the refusal stands until someone changes it.
+_REFUSALS = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def unwritable(directory: Path) -> str | None:
+    """Why this process may not create sockets in ``directory``; None when it may, or when the
+    directory is not there (it is waited for elsewhere).
+
+    Judged as the kernel judges the process: the directory's mode, a read-only mount, an
+    immutable directory.
+    """
+    if not directory.is_dir() or os.access(directory, os.W_OK | os.X_OK):
+        return None
+    return f"cannot create sockets in {directory}: it is not writable by this process (uid {os.geteuid()})"
+
+
+def _bind_refusal(path: Path) -> ConfigError | None:
+    """Why binding ``path`` failed, when the reason is one no retry mends (grpc only says that
+    it failed): found by binding a plain socket there."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(os.fspath(path))
+        except OSError as exc:
+            if exc.errno not in _REFUSALS:
+                return None
+            return ConfigError(
+                f"cannot create the socket {path}: {os.strerror(exc.errno).lower()} "
+                f"(the directory must be writable by this process, uid {os.geteuid()})"
+            )
+    with contextlib.suppress(OSError):  # it worked this time: not ours to explain
+        os.unlink(path)
+    return None
 
 
 def claim_path(path: Path) -> None:
@@ -145,7 +181,14 @@ class SocketServer:
         self._identity: tuple[int, int, int] | None = None
 
     async def start(self) -> None:
-        """Bind, start, and check by dialling back that the socket answers."""
+        """Bind, start, and check by dialling back that the socket answers.
+
+        Raises:
+            SocketUnavailableError: the path may not be used (see :func:`claim_path`), its
+                directory is gone, or the new server does not answer its own call.
+            ConfigError: the directory refuses new files to this process (permission denied,
+                a read-only mount): no retry would mend it.
+        """
         claim_path(self.path)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         self._add_services(server)
@@ -157,10 +200,13 @@ class SocketServer:
         try:
             server.add_insecure_port(f"unix:{self.path}")
         except RuntimeError:
-            if self.path.parent.is_dir():
+            if not self.path.parent.is_dir():
+                # Deleted since it was seen (a kubelet being reinstalled): the caller waits for it.
+                raise SocketUnavailableError(f"the directory {self.path.parent} is gone") from None
+            refusal = _bind_refusal(self.path)
+            if refusal is None:
                 raise
-            # Deleted since it was seen (a kubelet being reinstalled): the caller waits for it.
-            raise SocketUnavailableError(f"the directory {self.path.parent} is gone") from None
+            raise refusal from None
         finally:
             os.umask(umask)
         st = os.lstat(self.path)  # never chmod a path: it would follow a symlink put there
