@@ -67,7 +67,7 @@ class ApiGroup(SettingsGroup):
     api: Literal["device-plugin", "dra"] = "device-plugin"
     """Which Kubernetes API serves the devices: device-plugin (extended resources through the
     kubelet's device manager) or dra (Dynamic Resource Allocation: ResourceSlices published
-    through the API server, claims prepared for the kubelet; Kubernetes >= 1.32)."""
+    through the API server, claims prepared for the kubelet; Kubernetes >= 1.34)."""
 
 
 class KubeletGroup(SettingsGroup):
@@ -140,6 +140,12 @@ class LoggingGroup(SettingsGroup):
     """auto: JSON when stderr (where logs go) is not a terminal, console otherwise."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged."""
+
+    @field_validator("log_format", "log_level", mode="before")
+    @classmethod
+    def _lower_case(cls, value: Any) -> Any:
+        # Levels are written DEBUG as often as debug (Python's logging, NVIDIA's flags).
+        return value.lower() if isinstance(value, str) else value
 
 
 class MetricsGroup(SettingsGroup):

@@ -214,14 +214,41 @@ def word_metavars(parser: argparse.ArgumentParser) -> None:
 
 def lay_out_help(parser: argparse.ArgumentParser) -> None:
     """The ``--help`` of a parser pydantic-settings filled from a :class:`Settings` class: word
-    placeholders (:func:`word_metavars`), a section per group of :data:`GROUPS`, and no
-    "(default factory: ...)" after a help text, which names a Python function (the text says what
-    the default is)."""
+    placeholders (:func:`word_metavars`), a section per group of :data:`GROUPS`, and each
+    default shown once, in words (:func:`tidy_help`)."""
     word_metavars(parser)
     group_sections(parser)
     for action in parser._actions:
-        if action.help:
-            action.help = re.sub(r" ?\(default factory: [^()]*\)$", "", action.help)
+        if isinstance(action.help, str) and action.help != argparse.SUPPRESS:
+            action.help = tidy_help(action.help)
+
+
+# What pydantic-settings appends to a field's help: "(default: X)" or "(default factory: f)".
+_APPENDED_DEFAULT = re.compile(r" ?\(default(?: factory)?: (?:[^()]|\([^()]*\))*\)$")
+# Defaults that say nothing to a user: an unset value, an empty collection.
+_EMPTY_DEFAULTS = {"null", "None", "{}", "()", "[]", "''"}
+# pydantic-settings' help of a nested model's flag (--health): a JSON object of its fields.
+_MODEL_JSON_HELP = re.compile(r"^set (\S+) from JSON string")
+
+
+def tidy_help(text: str) -> str:
+    """One option's help text, with the default pydantic-settings appended dropped where it
+    would mislead or repeat: a default factory (names a Python function), an unset or empty
+    default (null, None, {}), and any default when the text already says what the default is.
+    The help of a nested model's flag says what the JSON holds."""
+    nested = _MODEL_JSON_HELP.match(text)
+    if nested:
+        name = nested.group(1).lstrip("-")
+        return f"All of {name} as one JSON object ({name}: in a config file); {name}.* flags set one each."
+    found = _APPENDED_DEFAULT.search(text)
+    if found is None:
+        return text
+    body = text[: found.start()]
+    shown = found.group().strip()
+    value = shown.removeprefix("(default: ").removesuffix(")")
+    if "factory" in shown or value in _EMPTY_DEFAULTS or re.search(r"\bdefault:", body, re.IGNORECASE):
+        return body
+    return text
 
 
 def group_sections(parser: argparse.ArgumentParser) -> None:

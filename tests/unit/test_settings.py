@@ -76,6 +76,13 @@ def test_invalid_settings_name_the_field(
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("level", ["DEBUG", "Debug", "debug"])
+def test_log_level_in_any_case(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings(Settings, ["--log-level", level]).log_level == "debug"
+    monkeypatch.setenv("DEVPLUG_LOG_LEVEL", level.swapcase())
+    assert load_settings(Settings, []).log_level == "debug"
+
+
 def test_missing_config_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"config file .*nope\.yaml: No such file or directory"):
         load_settings(Settings, ["--config", str(tmp_path / "nope.yaml")])

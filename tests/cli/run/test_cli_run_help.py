@@ -85,6 +85,50 @@ def test_help_placeholders_are_words(argv: list[str]) -> None:
     assert re.findall(r"^(\w+) options:$", text, re.MULTILINE) == list(GROUPS)
 
 
+BIN = Path(sys.executable).parent
+
+
+def help_entries(text: str) -> dict[str, str]:
+    """Each option of a --help text and its help, joined onto one line."""
+    entries: dict[str, str] = {}
+    option = None
+    for line in text.splitlines():
+        found = re.match(r"^  (-\S+(?:, -\S+)?)(?: \S+)*?(?:  +(.*))?$", line)
+        if found and not line.startswith("   "):
+            option = found.group(1)
+            entries[option] = found.group(2) or ""
+        elif option is not None and line.startswith("    "):
+            entries[option] += " " + line.strip()
+        else:
+            option = None
+    return entries
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [str(BIN / "devplug"), "run", "--help"],
+        [str(BIN / "devplug"), "run", "examples.devglob.devglob:DevGlob", "--help"],
+        [str(BIN / "devplug-fake"), "--help"],
+        [str(BIN / "devplug-nvidia"), "--help"],
+    ],
+    ids=["devplug-run", "devplug-run-devglob", "devplug-fake", "devplug-nvidia"],
+)
+def test_help_shows_each_default_once_in_words(argv: list[str]) -> None:
+    """No default that names a Python function, no null/None/{} for "unset", and no option whose
+    text says its default and then gets pydantic-settings' "(default: ...)" as well."""
+    result = run(argv)
+    assert result.returncode == 0, result.stderr
+    entries = help_entries(result.stdout)
+    assert "--device-plugin-dir" in entries and "--health" in entries, entries
+    for option, text in entries.items():
+        for generated in ("default factory", "<lambda>", "(default: null)", "(default: None)"):
+            assert generated not in text, f"{option}: {text}"
+        for empty in ("(default: {})", "(default: ())", "(default: [])"):
+            assert empty not in text, f"{option}: {text}"
+        assert len(re.findall(r"\bdefault:", text, re.IGNORECASE)) <= 1, f"{option}: {text}"
+
+
 def test_nvidia_help_names_the_subcommands() -> None:
     text = run([*NVIDIA, "--help"]).stdout
     assert "devplug-nvidia labels [OPTIONS]" in text
