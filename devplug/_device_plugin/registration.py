@@ -8,6 +8,7 @@ import grpc
 
 from devplug import _convert
 from devplug._device_plugin.servicer import API_VERSION
+from devplug._grpc_calls import await_call
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.errors import RegistrationError
@@ -43,6 +44,6 @@ async def register(
     async with grpc.aio.insecure_channel(f"unix://{kubelet_socket}") as channel:
         stub: Any = pb_grpc.RegistrationStub(channel)
         try:
-            await stub.Register(request, timeout=timeout)
+            await await_call(stub.Register(request, timeout=timeout))
         except grpc.aio.AioRpcError as exc:
             raise RegistrationError(exc.details() or str(exc.code()), exc.code().name) from None

@@ -22,6 +22,7 @@ import anyio.lowlevel
 import grpc
 import structlog
 
+from devplug._grpc_calls import await_call
 from devplug._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from devplug._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.errors import ConfigError, DevplugError
@@ -263,4 +264,4 @@ async def self_dial(path: Path, timeout: float = 2.0) -> None:  # noqa: ASYNC109
     """
     async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
         stub: Any = pb_grpc.DevicePluginStub(channel)
-        await stub.GetDevicePluginOptions(pb.Empty(), timeout=timeout)
+        await await_call(stub.GetDevicePluginOptions(pb.Empty(), timeout=timeout))
