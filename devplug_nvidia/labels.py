@@ -23,7 +23,7 @@ import anyio
 import structlog
 
 from devplug.errors import ConfigError, DevplugError
-from devplug_nvidia._cli._fake_root import FakeRoots, model_names
+from devplug_nvidia._cli._fake_root import FakeRoots, model_names, require_model
 from devplug_nvidia._config._file import read_config_file
 from devplug_nvidia._gpu._nvml import NvmlError
 from devplug_nvidia._labels._node_labels import (
@@ -316,8 +316,6 @@ def _on_fake_root(settings: LabelSettings, explicit: set[str], roots: FakeRoots)
     if not settings.fake_nvml or "driver_root" in explicit:
         return settings
     root = roots.root(settings.fake_nvml)
-    if root is None:
-        return settings
     machine = settings.machine_type_file
     if "machine_type_file" not in explicit:
         machine = _under(str(root), DEFAULT_MACHINE_TYPE_FILE)
@@ -357,6 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         settings, explicit = _parse(sys.argv[1:] if argv is None else argv)
+        if settings.fake_nvml:
+            require_model(settings.fake_nvml)
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2

@@ -141,12 +141,15 @@ class FakeRoots:
         self._previous: tuple[Any] | None = None
         """SIGTERM's handler before ours, while ours is in place."""
 
-    def root(self, model: str) -> Path | None:
-        """The tree of ``model``, written on first use; None for an unknown name (NVML says so later)."""
+    def root(self, model: str) -> Path:
+        """The tree of ``model``, written on first use.
+
+        Raises:
+            ConfigError: no model of that name (:func:`require_model`).
+        """
         from devplug_nvidia.testing import MODELS
 
-        if model not in MODELS:
-            return None
+        require_model(model)
         if model not in self._roots:
             if self._base is None:
                 with _signals_held():
@@ -188,16 +191,35 @@ class FakeRoots:
         self.close()
 
 
+def require_model(model: str) -> None:
+    """Refuse a ``--fake-nvml`` name that is no model, as every other bad value is refused: one
+    line, exit status 2, before anything starts.
+
+    Raises:
+        ConfigError: no model of that name (the message lists the known ones).
+    """
+    from devplug_nvidia.testing import MODELS
+
+    if model not in MODELS:
+        raise ConfigError(
+            f"invalid setting --fake-nvml: no model {model!r}; known: {', '.join(sorted(MODELS))}"
+        )
+
+
 def with_fake_root(settings: NvidiaSettings, roots: FakeRoots) -> NvidiaSettings:
     """``settings`` on the fake model's tree: with ``fake_nvml`` set and no driver root given,
     the driver root (and so the dev root, /sys and /proc of the model, and the container's
-    view of the driver root, unless given) becomes a tree from ``roots``."""
+    view of the driver root, unless given) becomes a tree from ``roots``.
+
+    Raises:
+        ConfigError: ``fake_nvml`` names no model.
+    """
     given = settings.model_fields_set
+    if settings.fake_nvml:
+        require_model(settings.fake_nvml)
     if not settings.fake_nvml or "driver_root" in given:
         return settings
     root = roots.root(settings.fake_nvml)
-    if root is None:
-        return settings
     update = {"driver_root": str(root)}
     if "driver_root_ctr_path" not in given:
         update["driver_root_ctr_path"] = str(root)

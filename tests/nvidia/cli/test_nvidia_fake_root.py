@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from devplug.errors import ConfigError
 from devplug.testing import FakeKubelet
 from devplug_nvidia._cli import _fake_root
 from devplug_nvidia._cli._fake_root import FakeRoots, with_fake_root
@@ -179,12 +180,37 @@ def test_driver_root_from_the_config_file_is_used(clean_env: pytest.MonkeyPatch,
     assert list(tmp.iterdir()) == []
 
 
-def test_no_tree_for_an_unknown_model_or_without_one(clean_env: pytest.MonkeyPatch, tmp: Path) -> None:
+def test_no_tree_without_a_model(clean_env: pytest.MonkeyPatch, tmp: Path) -> None:
     with FakeRoots() as roots:
-        for args in (["--fake-nvml", "no-such-model"], []):
-            settings = load_nvidia_settings(args)
-            assert with_fake_root(settings, roots) is settings
+        settings = load_nvidia_settings([])
+        assert with_fake_root(settings, roots) is settings
     assert list(tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize("driver_root", [[], ["--driver-root", "/run/nvidia/driver"]], ids=["tree", "given"])
+def test_an_unknown_model_is_refused(
+    clean_env: pytest.MonkeyPatch, tmp: Path, driver_root: list[str]
+) -> None:
+    settings = load_nvidia_settings(["--fake-nvml", "no-such-model", *driver_root])
+    with FakeRoots() as roots, pytest.raises(ConfigError, match=r"^invalid setting --fake-nvml: no model"):
+        with_fake_root(settings, roots)
+    assert list(tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [["--fake-nvml", "NOSUCH"], ["--fake-nvml", "NOSUCH", "--api", "dra"]])
+def test_an_unknown_model_exits_2_with_one_line(clean_env: pytest.MonkeyPatch, argv: list[str]) -> None:
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "devplug-nvidia"), *argv],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(
+        "devplug-nvidia: invalid setting --fake-nvml: no model 'NOSUCH'; known: dgx-a100"
+    )
+    assert result.stderr.count("\n") == 1
 
 
 def _start_then_sigterm(seen: list[object]) -> None:

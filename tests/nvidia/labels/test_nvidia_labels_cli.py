@@ -254,12 +254,28 @@ async def test_interval_until_cancelled(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+def test_an_unknown_fake_model_is_a_bad_value(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--fake-nvml", "NOSUCH", "--oneshot", "-o", str(tmp_path / "gfd")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("devplug-nvidia labels: invalid setting --fake-nvml: no model 'NOSUCH'; known: ")
+    assert err.count("\n") == 1
+
+
 def test_nvml_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "gfd"
-    argv = ["--fake-nvml", "no-such-model", "--oneshot", "-o", str(out), "--machine-type-file", ""]
+    # A driver root without NVML's library: NVML cannot start, whatever this machine has.
+    argv = [
+        "--driver-root",
+        str(tmp_path / "no-driver"),
+        "--oneshot",
+        "-o",
+        str(out),
+        "--machine-type-file",
+        "",
+    ]
     assert main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("devplug-nvidia labels: unknown fake NVML model 'no-such-model'")
+    assert err[-1].startswith("devplug-nvidia labels: libnvidia-ml.so.1 not found under the driver root")
     assert not out.exists()
     assert main([*argv, "--fail-on-init-error=false", "--no-timestamp"]) == 0
     assert out.read_text() == "nvidia.com/gpu.machine=unknown\n"
