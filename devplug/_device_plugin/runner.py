@@ -18,6 +18,7 @@ import structlog
 from devplug._device_plugin.introspect import not_ready_reason, resource_state
 from devplug._device_plugin.resource import ResourceRunner, ResourceStatus, RestartReason
 from devplug._device_plugin.telemetry import ResourceCounters
+from devplug._hooks import hook_problem
 from devplug._names import resource_name_problem
 from devplug._runtime.host import Host, Readiness, Reload, as_list, retry_forever, settings_changed
 from devplug._runtime.sockets import MAX_SOCKET_PATH, directory_exposure, unique_socket_name, unwritable
@@ -183,20 +184,7 @@ class DevicePluginService:
         assert host is not None, "serve() first"
         watcher = host.watcher
         assert watcher is not None, "serve() first"
-        wanted: dict[str, DevicePlugin] = {}
-        for plugin in plugins:
-            name = getattr(plugin, "resource_name", None)
-            if not isinstance(name, str) or not name:
-                log.error("plugin_without_resource_name", plugin=type(plugin).__name__)
-                continue
-            problem = resource_name_problem(name)
-            if problem is not None:  # a plugin source's: the others keep serving
-                log.error("invalid_resource_name", plugin=type(plugin).__name__, problem=problem)
-                continue
-            if name in wanted:
-                log.error("duplicate_resource", resource=name)
-                continue
-            wanted[name] = plugin
+        wanted = _servable(plugins)
         changes: dict[str, list[str]] = {"added": [], "restarted": [], "removed": [], "unchanged": []}
         stopping = []
         for name, running in list(self._running.items()):
@@ -338,8 +326,8 @@ def check_plugins(plugins: Sequence[DevicePlugin], settings: Settings) -> None:
     """Refuse, before anything is served, what the kubelet would refuse for ever.
 
     A resource name that is not an extended resource name (the kubelet answers every Register
-    with an error, and the plugin would retry for ever), or a socket path longer than a unix
-    socket's 107 bytes.
+    with an error, and the plugin would retry for ever), a socket path longer than a unix
+    socket's 107 bytes, or a hook that cannot work as written (:func:`devplug._hooks.hook_problem`).
 
     Raises:
         ConfigError: naming the plugin class and the problem.
@@ -351,6 +339,8 @@ def check_plugins(plugins: Sequence[DevicePlugin], settings: Settings) -> None:
     for plugin in plugins:
         name = getattr(plugin, "resource_name", None)
         problem = resource_name_problem(name)
+        if problem is None:
+            problem = hook_problem(type(plugin), "device-plugin")
         if problem is not None:
             raise ConfigError(f"plugin {type(plugin).__name__}: {problem}")
         assert isinstance(name, str)
@@ -360,6 +350,30 @@ def check_plugins(plugins: Sequence[DevicePlugin], settings: Settings) -> None:
                 f"the socket path {longest} is {len(os.fsencode(longest))} bytes, over the "
                 f"{MAX_SOCKET_PATH}-byte limit of a unix socket: use a shorter directory or resource name"
             )
+
+
+def _servable(plugins: Sequence[DevicePlugin]) -> dict[str, DevicePlugin]:
+    """The plugins that can be served, by resource name; each one left out is logged (a plugin
+    source's: the others keep serving)."""
+    wanted: dict[str, DevicePlugin] = {}
+    for plugin in plugins:
+        name = getattr(plugin, "resource_name", None)
+        if not isinstance(name, str) or not name:
+            log.error("plugin_without_resource_name", plugin=type(plugin).__name__)
+            continue
+        problem = resource_name_problem(name)
+        if problem is not None:
+            log.error("invalid_resource_name", plugin=type(plugin).__name__, problem=problem)
+            continue
+        if name in wanted:
+            log.error("duplicate_resource", resource=name)
+            continue
+        problem = hook_problem(type(plugin), "device-plugin")
+        if problem is not None:
+            log.error("unusable_hook", plugin=type(plugin).__name__, problem=problem)
+            continue
+        wanted[name] = plugin
+    return wanted
 
 
 def _change_of(running: DevicePlugin, wanted: DevicePlugin | None, *, restart_all: bool) -> str:

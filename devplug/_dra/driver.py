@@ -42,6 +42,7 @@ from devplug._dra.servicer import (
     add_registration_service,
     self_dial,
 )
+from devplug._hooks import hook_problem
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
 from devplug._runtime.feed import feed_devices
@@ -93,6 +94,7 @@ class DraService:
     ) -> None:
         if not plugins:
             raise ConfigError("a DRA driver needs at least one plugin")
+        _check_hooks(plugins)
         if not settings.node_name:
             raise ConfigError(
                 "no node name: pass --node-name or set NODE_NAME (spec.nodeName through the downward API)"
@@ -313,6 +315,7 @@ class DraService:
         names = [p.resource_name for p in plugins]
         if names != [p.resource_name for p in self.inventory.plugins]:
             raise ConfigError("the resources a DRA driver serves cannot change without a restart")
+        _check_hooks(plugins)
         restarted: list[str] = []
         for index, plugin in enumerate(plugins):
             if plugin is self.inventory.plugins[index]:
@@ -476,6 +479,14 @@ class DraDriver(Host):
     def devices(self, resource: str) -> list[Device]:
         """The devices of ``resource`` this driver publishes now."""
         return self.service.devices(resource)
+
+
+def _check_hooks(plugins: Sequence[DevicePlugin]) -> None:
+    """Refuse a plugin whose hooks cannot work as written (ConfigError naming its class)."""
+    for plugin in plugins:
+        problem = hook_problem(type(plugin), "dra")
+        if problem is not None:
+            raise ConfigError(f"plugin {type(plugin).__name__}: {problem}")
 
 
 def _fitting(directory: Path, name: str) -> Path:
