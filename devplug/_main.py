@@ -85,7 +85,7 @@ def _with_defaults(settings: S, *, api: str | None, driver_name: str | None) -> 
         update["api"] = api
     if driver_name is not None and settings.driver_name is None:
         if not is_dns_subdomain(driver_name, 63):
-            raise ConfigError(f"invalid setting driver_name: {driver_name!r} is not a DNS subdomain")
+            raise ConfigError(f"invalid setting --driver-name: {driver_name!r} is not a DNS subdomain")
         update["driver_name"] = driver_name
     return settings.model_copy(update=update) if update else settings
 

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MISSING_EXTRA", "EventCounter", "event_counter", "note_health_reason", "require_prometheus"]
 
-MISSING_EXTRA = "metrics_address needs prometheus-client: pip install 'devplug[metrics]'"
+MISSING_EXTRA = "--metrics-address needs prometheus-client: pip install 'devplug[metrics]'"
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*_total")
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")

@@ -76,6 +76,15 @@ class Settings(
         cli_hide_none_type=True,  # "--node-name str", not "{str,null}"
     )
 
+    @classmethod
+    def environment_names(cls, field: str) -> tuple[str, ...]:
+        """The environment variables that set ``field``, the first found winning; a subclass that
+        reads others (devplug-nvidia's MIG_STRATEGY) names them, so that an error names the
+        variable the user set."""
+        # node_name and pod_uid default to the downward API's variables.
+        fallback = {"node_name": ("NODE_NAME",), "pod_uid": ("POD_UID",)}.get(field, ())
+        return (f"DEVPLUG_{field.upper()}", *fallback)
+
 
 class _OneLineParser(argparse.ArgumentParser):
     """argparse that reports a bad argument as one line and exit status 2."""
@@ -105,10 +114,54 @@ def load_settings(cls: type[S], argv: list[str] | None = None, *, prog: str | No
     # only where no DEVPLUG_* variable sets the field; the command line is passed as is.
     from_env = {name for name in cls.model_fields if f"DEVPLUG_{name}".upper() in os.environ}
     merged = {k: v for k, v in file_values.items() if k not in from_env} | cli_values
+    for warning in misspelled_variables(cls, os.environ):
+        print(f"{prog or cls.__name__}: warning: {warning}", file=sys.stderr)
+
+    def spelled(loc: Sequence[int | str]) -> str:
+        # Named as the user wrote it: a key of the file, a variable, else the flag.
+        top = str(loc[0])
+        if top in cli_values:
+            return flag_name(loc)
+        names = cls.environment_names(top) if top in cls.model_fields else ()
+        variable = next((v for v in names if v in os.environ), None)
+        if variable is not None:
+            rest = ".".join(str(part) for part in loc[1:])
+            return variable + (f" ({rest})" if rest else "")
+        if top in file_values:
+            return ".".join(str(part) for part in loc)
+        return flag_name(loc)
+
     try:
         return cls(**merged)
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, model=cls)) from None
+        raise ConfigError(describe_validation_error(exc, model=cls, spelled=spelled)) from None
+
+
+def flag_name(loc: Sequence[int | str]) -> str:
+    """The command-line flag of the setting at ``loc`` (``("health", "flap_limit")`` →
+    ``--health.flap-limit``); list items are skipped."""
+    return "--" + ".".join(str(part).replace("_", "-") for part in loc if not isinstance(part, int))
+
+
+def misspelled_variables(cls: type[BaseModel], environ: typing.Mapping[str, str]) -> list[str]:
+    """A line for each ``DEVPLUG_*`` variable that names no setting of ``cls`` but comes close to
+    one, as a config-file key would be told (did you mean ...?).
+
+    A warning, where an unknown config-file key is refused: the environment is shared by every
+    program a shell starts, and a variable meant for another (devplug-fake's DEVPLUG_RESOURCE, a
+    test runner's own) is no mistake; a near miss of one of this program's names is one.
+    """
+    known = [name.upper() for name in cls.model_fields]
+    lines = []
+    for variable in sorted(environ):
+        prefix, _, name = variable.upper().partition("_")
+        if prefix != "DEVPLUG" or not name or name in known:
+            continue
+        # Compared without the prefix, which every name shares and which would make any two close.
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        if close:
+            lines.append(f'unknown setting {variable} (did you mean "DEVPLUG_{close[0]}"?), ignored')
+    return lines
 
 
 def wants_help(args: list[str]) -> bool:
@@ -331,14 +384,24 @@ def _read_config(path: Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-def describe_validation_error(exc: ValidationError, *, model: type[BaseModel] | None = None) -> str:
+def describe_validation_error(
+    exc: ValidationError,
+    *,
+    model: type[BaseModel] | None = None,
+    spelled: typing.Callable[[Sequence[int | str]], str] | None = None,
+) -> str:
     """One line naming the first invalid field and why (the rest are counted).
 
     With ``model``, an unknown setting names the closest known one (a typo in a config file).
+    ``spelled`` names the field at a location as the user wrote it (a flag, a variable, a key);
+    by default its location, dotted.
     """
     errors = exc.errors()
     first = errors[0]
-    field = ".".join(str(part) for part in first["loc"]) or "settings"
+    if spelled is not None and first["loc"]:
+        field = spelled(first["loc"])
+    else:
+        field = ".".join(str(part) for part in first["loc"]) or "settings"
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "unknown setting"

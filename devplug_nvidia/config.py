@@ -198,6 +198,12 @@ class NvidiaSettings(Settings):
     """The config file's health section (event types, ignored / critical XIDs)."""
 
     @classmethod
+    def environment_names(cls, field: str) -> tuple[str, ...]:
+        """Upstream's variables first (they beat DEVPLUG_*), then devplug's."""
+        upstream = (*ENV_NAMES.get(field, ()), *DRA_ENV_NAMES.get(field, ()))
+        return (*upstream, *super().environment_names(field))
+
+    @classmethod
     def settings_customise_sources(
         cls,
         settings_cls: type[BaseSettings],

@@ -48,7 +48,7 @@ def parse_address(address: str) -> tuple[str, int]:
     """
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"invalid setting metrics_address: expected HOST:PORT (got {address!r})")
+        raise ConfigError(f"invalid setting --metrics-address: expected HOST:PORT (got {address!r})")
     host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - ":PORT" asks for every interface
     return host, int(port)
 
@@ -83,7 +83,7 @@ class ProbeServer:
             self._listener = await anyio.create_tcp_listener(local_host=self._host, local_port=self._port)
         except OSError as exc:
             raise ConfigError(
-                f"invalid setting metrics_address: cannot listen on {self._host}:{self._port}: "
+                f"invalid setting --metrics-address: cannot listen on {self._host}:{self._port}: "
                 f"{exc.strerror or exc}"
             ) from None
         self.port = self._listener.extra(SocketAttribute.local_port)  # noqa: S610 - anyio, not Django

@@ -177,7 +177,7 @@ async def test_runs_as_a_process(dev: Path, fake_kubelet: FakeKubelet, how: str)
 
 @pytest.mark.parametrize("pattern", ["ttyUSB*", "/dev", "/tmp/ttyUSB*", "/dev/*/ttyUSB0", "/dev/../etc/x"])
 def test_bad_pattern_is_a_config_error(pattern: str) -> None:
-    with pytest.raises(ConfigError, match="invalid setting pattern"):
+    with pytest.raises(ConfigError, match="invalid setting --pattern"):
         load_settings(DevGlobSettings, ["--pattern", pattern])
 
 

@@ -122,7 +122,7 @@ async def test_bad_flag_and_bad_scenario_exit_2(short_dir: Path) -> None:
     scenario = short_dir / "scenario.yaml"
     scenario.write_text("resources:\n  - name: example.com/gpu\n    count: many\n")
     for args, expected in (
-        (["--count", "-1"], "invalid setting count: Input should be greater than or equal to 0"),
+        (["--count", "-1"], "invalid setting --count: Input should be greater than or equal to 0"),
         (["--config", str(scenario)], "invalid setting resources.0.count: Input should be a valid integer"),
     ):
         result = await anyio.run_process(

@@ -82,11 +82,16 @@ CASES = [
         files={"c.yaml": "register_timeout: soon\n"},
     ),
     Case(
-        "run-metrics-address", (*RUN, "--metrics-address", "localhost"), ("invalid setting metrics_address",)
+        "run-metrics-address",
+        (*RUN, "--metrics-address", "localhost"),
+        ("invalid setting --metrics-address",),
     ),
-    Case("run-insecure-dir-value", (*RUN, "--insecure-dir", "maybe"), ("invalid setting insecure_dir",)),
+    Case("run-insecure-dir-value", (*RUN, "--insecure-dir", "maybe"), ("invalid setting --insecure-dir",)),
     Case(
-        "run-env-log-level", RUN, ("invalid setting log_level", "'loud'"), env={"DEVPLUG_LOG_LEVEL": "loud"}
+        "run-env-log-level",
+        RUN,
+        ("invalid setting DEVPLUG_LOG_LEVEL", "'loud'"),
+        env={"DEVPLUG_LOG_LEVEL": "loud"},
     ),
     Case(
         "run-world-writable-dir",
@@ -108,7 +113,7 @@ CASES = [
     Case("conformance-no-command", CONFORMANCE, ("no plugin command given",)),
     Case("conformance-missing-command", (*CONFORMANCE, "--", "{d}/no-such-plugin"), ("cannot start",)),
     # devplug-fake: flags and scenario files.
-    Case("fake-count-word", (*FAKE, "--count", "many"), ("invalid setting count",)),
+    Case("fake-count-word", (*FAKE, "--count", "many"), ("invalid setting --count",)),
     Case(
         "fake-scenario-flap",
         (*FAKE, "--config", "{d}/s.yaml"),
@@ -128,8 +133,14 @@ CASES = [
         files={"s.yaml": "resources:\n  - faults: {allocate_error_probability: 2}\n"},
     ),
     # devplug-nvidia: flags, NVIDIA's environment variables and --config-file.
-    Case("nvidia-list-strategy", (*NVIDIA, "--device-list-strategy", "nope"), ("device_list_strategy",)),
-    Case("nvidia-env-mig", NVIDIA, ("mig_strategy", "'bogus'"), env={"MIG_STRATEGY": "bogus"}),
+    Case(
+        "nvidia-list-strategy",
+        (*NVIDIA, "--device-list-strategy", "nope"),
+        ("invalid setting --device-list-strategy",),
+    ),
+    Case(
+        "nvidia-env-mig", NVIDIA, ("invalid setting MIG_STRATEGY", "'bogus'"), env={"MIG_STRATEGY": "bogus"}
+    ),
     Case("nvidia-config-missing", (*NVIDIA, "--config-file", "{d}/missing.yaml"), ("No such file",)),
     Case(
         "nvidia-config-version",
@@ -162,23 +173,23 @@ CASES = [
     Case(
         "dra-driver-name",
         (*FAKE, "--api", "dra", "--driver-name", "Fake_Driver", "--node-name", "n1"),
-        ("invalid setting driver_name", "DNS subdomain"),
+        ("invalid setting --driver-name", "DNS subdomain"),
     ),
     Case(
         "dra-node-name",
         (*RUN, "--api", "dra", "--node-name", "Node One"),
-        ("invalid setting node_name", "DNS subdomain"),
+        ("invalid setting --node-name", "DNS subdomain"),
     ),
     Case(
         "dra-node-name-env",
         (*FAKE, "--api", "dra", "--kubelet-root", "{d}/k"),
-        ("invalid setting node_name",),
+        ("invalid setting NODE_NAME",),
         env={"NODE_NAME": "under_score"},
     ),
     Case(
         "dra-api-typo",
         (*FAKE, "--api", "dra2"),
-        ("invalid setting api", "device-plugin", "dra"),
+        ("invalid setting --api", "device-plugin", "dra"),
     ),
     Case(
         "dra-kubeconfig-missing",

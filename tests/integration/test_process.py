@@ -96,7 +96,7 @@ def test_bad_option_exits_2_with_one_line() -> None:
     )
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        "devplug run tests.support:Widgets: invalid setting retry_max: must be greater than 0 (got '-3')"
+        "devplug run tests.support:Widgets: invalid setting --retry-max: must be greater than 0 (got '-3')"
     )
 
 

@@ -182,7 +182,7 @@ def test_missing_extra_is_one_line_and_exit_2(short_dir: Path) -> None:
     assert result.returncode == 2
     assert (
         result.stderr
-        == "devplug-fake: metrics_address needs prometheus-client: pip install 'devplug[metrics]'\n"
+        == "devplug-fake: --metrics-address needs prometheus-client: pip install 'devplug[metrics]'\n"
     )
 
 
@@ -190,7 +190,7 @@ def test_missing_extra_is_one_line_and_exit_2(short_dir: Path) -> None:
 def test_bad_address_is_one_line_and_exit_2(short_dir: Path, address: str) -> None:
     result = run_fake("--device-plugin-dir", str(short_dir), "--metrics-address", address)
     assert result.returncode == 2
-    assert result.stderr.startswith("devplug-fake: invalid setting metrics_address:"), result.stderr
+    assert result.stderr.startswith("devplug-fake: invalid setting --metrics-address:"), result.stderr
     assert result.stderr.count("\n") == 1
 
 
@@ -204,6 +204,6 @@ def test_taken_port_is_one_line_and_exit_2(short_dir: Path) -> None:
         result = run_fake("--device-plugin-dir", str(short_dir), "--metrics-address", f"127.0.0.1:{port}")
     assert result.returncode == 2
     assert result.stderr.startswith(
-        f"devplug-fake: invalid setting metrics_address: cannot listen on 127.0.0.1:{port}"
+        f"devplug-fake: invalid setting --metrics-address: cannot listen on 127.0.0.1:{port}"
     )
     assert "Traceback" not in result.stderr

@@ -52,11 +52,11 @@ def test_config_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.mark.parametrize(
     ("argv", "file_text", "message"),
     [
-        (["--retry-max", "0"], None, "invalid setting retry_max: must be greater than 0"),
+        (["--retry-max", "0"], None, "invalid setting --retry-max: must be greater than 0"),
         (
             ["--registration", "both"],
             None,
-            "invalid setting registration: Input should be 'kubelet' or 'watcher'",
+            "invalid setting --registration: Input should be 'kubelet' or 'watcher'",
         ),
         ([], "retry_maxx: 1\n", "invalid setting retry_maxx: unknown setting"),
         ([], "log_level: loud\n", "invalid setting log_level: Input should be"),
@@ -81,6 +81,49 @@ def test_log_level_in_any_case(level: str, monkeypatch: pytest.MonkeyPatch) -> N
     assert load_settings(Settings, ["--log-level", level]).log_level == "debug"
     monkeypatch.setenv("DEVPLUG_LOG_LEVEL", level.swapcase())
     assert load_settings(Settings, []).log_level == "debug"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "file_text", "named"),
+    [
+        (["--retry-max", "0"], {}, None, "--retry-max"),
+        (["--health.flap-limit", "x"], {}, None, "--health.flap-limit"),
+        ([], {"DEVPLUG_RETRY_MAX": "0"}, None, "DEVPLUG_RETRY_MAX"),
+        ([], {"NODE_NAME": "Node One"}, None, "NODE_NAME"),
+        ([], {}, "retry_max: 0\n", "retry_max"),
+        ([], {}, "health:\n  flap_limit: x\n", "health.flap_limit"),
+        # The command line wins over the variable, and is what the error names.
+        (["--retry-max", "0"], {"DEVPLUG_RETRY_MAX": "1"}, None, "--retry-max"),
+    ],
+)
+def test_an_invalid_setting_is_named_as_it_was_given(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    argv: list[str],
+    env: dict[str, str],
+    file_text: str | None,
+    named: str,
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if file_text is not None:
+        (tmp_path / "c.yaml").write_text(file_text)
+        argv = [*argv, "--config", str(tmp_path / "c.yaml")]
+    with pytest.raises(ConfigError) as info:
+        load_settings(Settings, argv)
+    assert str(info.value).startswith(f"invalid setting {named}: "), info.value
+
+
+def test_a_misspelled_variable_gets_a_did_you_mean(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DEVPLUG_LOG_LEVL", "debug")
+    monkeypatch.setenv("DEVPLUG_E2E_K8S", "v1.36.3")  # another program's: no warning
+    settings = load_settings(Settings, [], prog="devplug run")
+    assert settings.log_level == "info"
+    warning = 'unknown setting DEVPLUG_LOG_LEVL (did you mean "DEVPLUG_LOG_LEVEL"?), ignored'
+    assert capsys.readouterr().err == f"devplug run: warning: {warning}\n"
 
 
 def test_missing_config_file(tmp_path: Path) -> None:

@@ -115,7 +115,7 @@ FILE_ERRORS: list[tuple[dict[str, Any], list[str], list[str]]] = [
     ),
     ({"resources": {"gpus": [{"pattern": "*", "name": "bad name"}]}}, [], ["resources.gpus[0].name"]),
     ({"resources": {"gpus": [{"name": "a"}]}}, [], ["resources.gpus[0].pattern", "Field required"]),
-    ({"imex": {"channelIDs": [1]}}, [], ["imex_channel_ids", "empty or [0]"]),
+    ({"imex": {"channelIDs": [1]}}, [], ["--imex-channel-ids", "empty or [0]"]),
 ]
 
 
@@ -140,12 +140,15 @@ def test_file_errors(tmp_path: Path, doc: dict[str, Any], argv: list[str], parts
 @pytest.mark.parametrize(
     ("argv", "parts"),
     [
-        (["--mig-strategy", "bogus"], ["mig_strategy", "'bogus'"]),
-        (["--device-list-strategy", "envvar,bogus"], ["device_list_strategy"]),
-        (["--device-id-strategy", "serial"], ["device_id_strategy"]),
-        (["--device-discovery-strategy", "x"], ["device_discovery_strategy"]),
-        (["--imex-channel-ids", "3"], ["imex_channel_ids"]),
-        (["--shared-devices-allocation-policy", "random"], ["shared_devices_allocation_policy"]),
+        (["--mig-strategy", "bogus"], ["invalid setting --mig-strategy:", "'bogus'"]),
+        (["--device-list-strategy", "envvar,bogus"], ["invalid setting --device-list-strategy:"]),
+        (["--device-id-strategy", "serial"], ["invalid setting --device-id-strategy:"]),
+        (["--device-discovery-strategy", "x"], ["invalid setting --device-discovery-strategy:"]),
+        (["--imex-channel-ids", "3"], ["invalid setting --imex-channel-ids:"]),
+        (
+            ["--shared-devices-allocation-policy", "random"],
+            ["invalid setting --shared-devices-allocation-policy:"],
+        ),
         (["--config-file", "/nonexistent/c.yaml"], ["/nonexistent/c.yaml", "No such file"]),
     ],
 )
@@ -158,7 +161,7 @@ def test_flag_errors(argv: list[str], parts: list[str]) -> None:
 
 def test_env_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MIG_STRATEGY", "bogus")
-    with pytest.raises(ConfigError, match="mig_strategy"):
+    with pytest.raises(ConfigError, match=r"^invalid setting MIG_STRATEGY: "):
         load_nvidia_settings([])
 
 
@@ -172,7 +175,7 @@ def test_invalid_yaml(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "doc", "part"),
     [
-        (["--mig-strategy", "bogus"], None, "mig_strategy"),
+        (["--mig-strategy", "bogus"], None, "invalid setting --mig-strategy:"),
         ([], {"flags": {"renameByDefault": True}}, "belongs under sharing.timeSlicing"),
     ],
 )
