@@ -85,7 +85,8 @@ class DevicePluginCollector(Collector):
         )
         registrations = CounterMetricFamily(
             "devplug_registrations",
-            "Accepted registrations by reason (start, replaced, kubelet_restarted, socket_deleted, watcher).",
+            "Accepted registrations by reason (start, replaced, kubelet_restarted, socket_deleted, "
+            "rival_stopped, watcher).",
             labels=["resource", "reason"],
         )
         devices = GaugeMetricFamily(

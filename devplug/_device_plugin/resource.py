@@ -2,13 +2,14 @@
 
 ::
 
-    serve ─► self-dial ─► Register ─► registered ─┐  kubelet.sock replaced, or own socket deleted
-      ▲                      │ fails: back-off      │  (state-checked on every inotify change)
-      └──── stop old server ◄┴──────────────────────┘
+    serve ─► self-dial ─► Register ─► registered ─┐  kubelet.sock replaced, own socket deleted, or
+      ▲                      │ fails: back-off      │  the servers that took over gone (state-
+      └──── stop old server ◄┴──────────────────────┘  checked on every inotify change)
 
 Kubelet >= 1.26 dials the plugin during Register, so the server is always serving first. The
 old server is stopped before the new registration (kubernetes issue 121994) and every server
-instance gets a fresh socket name (newer kubelets refuse a reused path).
+instance gets a fresh socket name (newer kubelets refuse a reused path). A server that another
+copy of the plugin replaced registers again when that copy stops (see :mod:`.rivals`).
 """
 
 from __future__ import annotations
@@ -47,10 +48,13 @@ if TYPE_CHECKING:
     from devplug.plugin import DevicePlugin
     from devplug.settings import Settings
 
-RestartReason = Literal["start", "replaced", "kubelet_restarted", "socket_deleted"]
+RestartReason = Literal["start", "replaced", "kubelet_restarted", "socket_deleted", "rival_stopped"]
 # Why a registration happened; "replaced": the resource was restarted with a new plugin or new
-# settings (a reload); "watcher": the kubelet's plugin watcher reported success.
-RegistrationReason = Literal["start", "replaced", "kubelet_restarted", "socket_deleted", "watcher"]
+# settings (a reload); "rival_stopped": the copies of the plugin that took the resource over
+# since the last registration stopped; "watcher": the kubelet's plugin watcher reported success.
+RegistrationReason = Literal[
+    "start", "replaced", "kubelet_restarted", "socket_deleted", "rival_stopped", "watcher"
+]
 
 
 @dataclass
@@ -214,21 +218,31 @@ class ResourceRunner:
             except SocketUnavailableError as exc:
                 await self._serve_failed(exc)
                 continue
-            event = "kubelet_restarted" if reason == "kubelet_restarted" else "socket_deleted"
-            self._log.info(event, kubelet_socket=str(kubelet), socket=self.status.socket)
+            self._log.info(reason, kubelet_socket=str(kubelet), socket=self.status.socket)
 
     async def _run_watcher_mode(self) -> None:
         while True:
             await self.watcher.wait_present(self.watcher.path)
             try:
                 async with self._serving(plugin_watcher=True) as server:
-                    # The kubelet finds the socket again after its own restarts: only a deleted
-                    # socket needs a new one.
-                    await self.watcher.wait_for(lambda: None if server.alive() else True)
+                    reason = await self._watcher_restart(server)
             except SocketUnavailableError as exc:
                 await self._serve_failed(exc)
                 continue
-            self._log.info("socket_deleted", socket=self.status.socket)
+            self._log.info(reason, socket=self.status.socket)
+
+    async def _watcher_restart(self, server: SocketServer) -> RestartReason:
+        """Wait until the socket needs serving anew in plugin-watcher mode: the kubelet finds it
+        again after its own restarts, so only its deletion, or the end of the copies that took
+        the resource over, calls for a new one."""
+        successors = self._rivals.successors()
+
+        def restart_reason() -> RestartReason | None:
+            if not server.alive():
+                return "socket_deleted"
+            return "rival_stopped" if successors.all_gone() else None
+
+        return await self.watcher.wait_for(restart_reason)
 
     async def _serve_failed(self, exc: SocketUnavailableError) -> None:
         # A socket path that may not be used (too long, taken): say why, then try a new name.
@@ -292,7 +306,16 @@ class ResourceRunner:
         self.status.last_error = None
         self.status.registrations.append((time.time(), reason))
         log.info("registered", reason=reason, seconds=round(time.monotonic() - started, 4))
-        return await self.watcher.wait_for(partial(restart_reason, seen))
+        successors = self._rivals.successors()
+
+        def next_reason() -> RestartReason | None:
+            why = restart_reason(seen)
+            if why is None and successors.all_gone():
+                # The kubelet took the resource over to another copy, which stopped since.
+                return "rival_stopped"
+            return why
+
+        return await self.watcher.wait_for(next_reason)
 
     async def _watched(
         self, call: Awaitable[None], interrupt: Callable[[], RestartReason | None]

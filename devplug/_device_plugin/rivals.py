@@ -1,12 +1,18 @@
 """Other servers of this resource in the same directory: a second copy of the plugin, or the
 overlap of a rolling update.
 
-The kubelet keeps one endpoint per resource name, the last one registered, and tells the one it
-replaced nothing: kubelets 1.26-1.35 leave its ListAndWatch open (and keep taking its lists for
-the same resource), the fake kubelet closes it. What a plugin can observe is the directory: a
-socket named as devplug names this resource's sockets (``<vendor>-<name>-<8 hex>.sock``) that
-is not one of its own. A plugin that names its sockets otherwise cannot be recognised, and the
-kubelet answers no question about who registered a resource.
+The kubelet sends the resource's calls to the endpoint registered last and tells the one it
+replaced nothing; that one's ListAndWatch stays open. When the newer one's stream ends, kubelets
+up to 1.36 (one client per resource) disconnect the resource and turn its devices unhealthy,
+although the older server still serves; kubelet 1.37, and the fake kubelet, which keep every
+endpoint, hand the resource back to a remaining one. So a server that was replaced registers
+again once every server that appeared after its registration is gone (:class:`Successors`):
+needed up to 1.36, harmless from 1.37 (a moment without devices while it re-registers).
+
+What a plugin can observe is the directory: a socket named as devplug names this resource's
+sockets (``<vendor>-<name>-<8 hex>.sock``) that is not one of its own. A plugin that names its
+sockets otherwise cannot be recognised, and the kubelet answers no question about who
+registered a resource.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from devplug._runtime.sockets import is_live_socket, unique_socket_name
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from devplug._runtime.watch import DirWatcher
@@ -51,6 +58,10 @@ class RivalWatch:
             return set()
         return {n for n in names - self.own if _is_socket_itself(self._directory / n)}
 
+    def successors(self) -> Successors:
+        """Follow the servers that appear from now on (called once registered)."""
+        return Successors(self._names)
+
     def new(self) -> list[str] | None:
         """Sockets of another server that appeared since the last look (None when there are none)."""
         names = self._names()
@@ -72,3 +83,23 @@ class RivalWatch:
                     other_socket=name,
                     note="another server of this resource: the kubelet keeps the last one registered",
                 )
+
+
+class Successors:
+    """The other servers of the resource that appeared after this one registered: the kubelet
+    took the resource over to them (it keeps the last one registered)."""
+
+    def __init__(self, names: Callable[[], set[str]]) -> None:
+        self._names = names
+        self._before = names()
+        self.seen: set[str] = set()
+        """Every successor seen so far (by socket name)."""
+
+    def all_gone(self) -> bool:
+        """True once a successor has been seen and none is left: the last one stopped.
+
+        Called on every change of the directory, so that a successor is seen while it serves.
+        """
+        present = self._names()
+        self.seen |= present - self._before
+        return bool(self.seen) and not self.seen & present

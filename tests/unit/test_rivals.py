@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -12,7 +13,7 @@ from structlog.testing import capture_logs
 
 from devplug import ContainerAllocation, Device, DevicePlugin
 from devplug.testing import FakeKubelet, serving
-from tests.support import wait_until
+from tests.support import never_within, wait_until
 
 pytestmark = pytest.mark.anyio
 RESOURCE = "example.com/twice"
@@ -53,3 +54,60 @@ async def test_the_replaced_plugin_names_the_other_socket(fake_kubelet: FakeKube
                 assert old[0]["resource"] == RESOURCE
     assert all(e["other_socket"] != "example.com-twice-00000000.sock" for e in rivals(logs))
     assert Path(dp / "example.com-twice-00000000.sock").exists()  # not ours to remove
+
+
+def accepted(kubelet: FakeKubelet) -> list[str]:
+    """The endpoints of the resource's accepted registrations, in order (file names)."""
+    return [Path(r.endpoint).name for r in kubelet.registrations if r.accepted and r.resource == RESOURCE]
+
+
+@asynccontextmanager
+async def stoppable(kubelet: FakeKubelet, registration: str) -> AsyncIterator[anyio.Event]:
+    """A copy of the plugin served until the event yielded is set (or the block ends)."""
+    stop = anyio.Event()
+
+    async def serve() -> None:
+        async with serving(Twice(), kubelet, registration=registration):
+            await stop.wait()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serve)
+        yield stop
+        stop.set()
+
+
+@pytest.mark.parametrize("registration", ["kubelet", "watcher"])
+async def test_the_replaced_plugin_registers_again_when_the_other_stops(
+    fake_kubelet: FakeKubelet, registration: str
+) -> None:
+    with capture_logs() as logs:
+        async with stoppable(fake_kubelet, registration):
+            await wait_until(lambda: len(accepted(fake_kubelet)) == 1, what="the first registration")
+            async with stoppable(fake_kubelet, registration) as second:
+                await wait_until(lambda: len(accepted(fake_kubelet)) == 2, what="the second registration")
+                second.set()  # the copy the kubelet took the resource over to stops
+            await wait_until(
+                lambda: len(accepted(fake_kubelet)) == 3, timeout=10, what="a third registration"
+            )
+            old, other, new = accepted(fake_kubelet)
+            assert new not in (old, other)
+            await fake_kubelet.wait_for_devices(RESOURCE, lambda ds: bool(ds) and all(d.healthy for d in ds))
+            assert Path(fake_kubelet.resource(RESOURCE).endpoint).name == new
+    assert len([e for e in logs if e["event"] == "rival_stopped"]) == 1
+
+
+async def test_the_newer_plugin_keeps_its_registration_when_the_older_stops(
+    fake_kubelet: FakeKubelet,
+) -> None:
+    """A rolling update: the old copy stops once the new one took over, and nothing restarts."""
+    async with stoppable(fake_kubelet, "kubelet") as older:
+        await wait_until(lambda: len(accepted(fake_kubelet)) == 1, what="the first registration")
+        async with stoppable(fake_kubelet, "kubelet"):
+            await wait_until(lambda: len(accepted(fake_kubelet)) == 2, what="the second registration")
+            older.set()
+            first = accepted(fake_kubelet)[0]
+            await wait_until(
+                lambda: not (fake_kubelet.device_plugin_dir / first).exists(), what="the old one gone"
+            )
+            await never_within(lambda: len(accepted(fake_kubelet)) > 2, 1.0, what="a registration again")
+            assert fake_kubelet.resource(RESOURCE).devices
