@@ -56,7 +56,9 @@ class DevicePlugin(abc.ABC):
     """One extended resource (``vendor.com/name``) served to the kubelet.
 
     Subclasses set :attr:`resource_name` and implement :meth:`watch_devices` and :meth:`allocate`.
-    The options sent to the kubelet follow from which optional hooks are overridden.
+    The options sent to the kubelet follow from which optional hooks are overridden. A hook
+    written so that devplug cannot call it (a plain ``def allocate``, a ``watch_devices`` that is
+    not an async generator) is refused when serving starts, with a ConfigError naming it.
     """
 
     resource_name: str

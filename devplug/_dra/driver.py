@@ -82,9 +82,10 @@ class DraService:
     """Serves plugins as one DRA driver on one node, on a :class:`Host`.
 
     Raises:
-        ConfigError: (at construction) no node name, no plugins; (in :meth:`open`) no usable
-            kubeconfig, the driver's directory cannot be created, plugins_registry is not a
-            directory.
+        ConfigError: (at construction) no node name, no plugins, a hook that cannot work as
+            written; (in :meth:`open`) no usable kubeconfig, the driver's directory cannot be
+            created, a socket directory this process may not write to, plugins_registry is not
+            a directory, another instance of the driver on the same sockets.
     """
 
     fixed_settings = FIXED_SETTINGS
@@ -404,9 +405,11 @@ class DraDriver(Host):
     ``stats``, ``registered``) are the service's.
 
     Raises:
-        ConfigError: (at construction) no node name, no plugins; (in :meth:`open` or
-            :meth:`run`) no usable kubeconfig, the driver's directory cannot be created,
-            plugins_registry is not a directory, a metrics address that cannot be bound.
+        ConfigError: (at construction) no node name, no plugins, a hook that cannot work as
+            written; (in :meth:`open` or :meth:`run`) no usable kubeconfig, the driver's
+            directory cannot be created, a socket directory this process may not write to,
+            plugins_registry is not a directory, another instance of the driver on the same
+            sockets, a metrics address that cannot be bound.
     """
 
     def __init__(

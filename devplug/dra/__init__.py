@@ -66,7 +66,9 @@ async def serve(
     until cancelled (or SIGTERM / SIGINT).
 
     Raises:
-        ConfigError: no node name, no usable kubeconfig, a directory that cannot be created.
+        ConfigError: no node name, no usable kubeconfig, a directory that cannot be created or
+            written to, another instance of the driver on the same sockets, a hook that cannot
+            work as written.
     """
     from devplug._main import serve as serve_main
 
