@@ -152,11 +152,11 @@ def _check_class(cls: type[DevicePlugin], target: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``devplug`` console script."""
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] in (["run"], ["kubelet"]):
+    if args[:1] in (["run"], ["kubelet"], ["demo"], ["conformance"], ["inspect"]):
         from devplug._runtime.signals import install_signals
 
         # First: a Ctrl-C or SIGTERM from here on is one line and status 130 (before serving),
-        # or a clean stop (after).
+        # or a clean stop (after; for inspect, once --watch follows its stream).
         install_signals(f"devplug {args[0]}")
     if args[:1] == ["run"]:
         # run parses its own options (the runner's settings): the other commands' parsers and

@@ -13,8 +13,6 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
-import anyio
-
 from devplug.cli._argtypes import positive_seconds, whole_number
 from devplug.logging import configure as configure_logging
 
@@ -71,8 +69,10 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser, out: TextIO 
     """Run ``devplug conformance`` with parsed ``args``; returns the exit status.
 
     Raises:
-        SystemExit: status 2 for a missing or unstartable command (via ``parser.error``).
+        SystemExit: status 2 for a missing or unstartable command (via ``parser.error``); status
+            130 for Ctrl-C or SIGTERM, once the plugin is stopped (with one line on stderr).
     """
+    from devplug._runtime.signals import run_async
     from devplug.testing.conformance import run_conformance, run_dra_conformance
 
     command = list(args.cmd)
@@ -84,26 +84,25 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser, out: TextIO 
     stream = out or sys.stdout
     # The fake kubelet logs each step; the table says it better. Warnings still show.
     configure_logging("console", "warning", stream=sys.stderr)
-    try:
+    reports: list[ConformanceReport] = []
+
+    async def checking() -> None:
+        timeout = args.timeout
         if args.dra:
-            report = anyio.run(
-                lambda: run_dra_conformance(
-                    command, driver=args.driver, node_name=args.node or "node-1", timeout=args.timeout
-                ),
-                backend="asyncio",
-            )
+            node, driver = args.node or "node-1", args.driver
+            reports.append(await run_dra_conformance(command, driver=driver, node_name=node, timeout=timeout))
         else:
             restarts = 3 if args.restarts is None else args.restarts
-            report = anyio.run(
-                lambda: run_conformance(
-                    command, resource=args.resource, timeout=args.timeout, restarts=restarts
-                ),
-                backend="asyncio",
+            reports.append(
+                await run_conformance(command, resource=args.resource, timeout=timeout, restarts=restarts)
             )
+
+    try:
+        # A Ctrl-C or SIGTERM stops the plugin and the fakes, then exits 130 with one line.
+        run_async(checking)
     except OSError as exc:
         parser.error(f"cannot start {command[0]}: {exc.strerror or exc}")
-    except KeyboardInterrupt:
-        return 130
+    report = reports[0]
     if args.json:
         print(json.dumps(report.model_dump(mode="json") | {"passed": report.passed}, indent=2), file=stream)
     else:

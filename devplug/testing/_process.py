@@ -40,14 +40,23 @@ class PluginExited(Exception):
 class PluginProcess:
     """One plugin command, run in a session of its own with stdout and stderr in a log file."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(
+        self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, cwd: Path | None = None
+    ) -> None:
         self.argv = list(argv)
         self.env = dict(env)
         self.log_path = log_path
+        self.cwd = cwd
+        """Where the command runs (default: this process's current directory)."""
         self.exited = anyio.Event()
         self.returncode: int | None = None
         self._process: Process | None = None
         self._waiting: set[anyio.CancelScope] = set()
+
+    @property
+    def pid(self) -> int | None:
+        """The process ID once started."""
+        return None if self._process is None else self._process.pid
 
     async def start(self) -> None:
         """Start the command; run :meth:`watch` next to what waits on it.
@@ -57,7 +66,12 @@ class PluginProcess:
         """
         with self.log_path.open("wb") as log:
             self._process = await anyio.open_process(
-                self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                self.argv,
+                env=self.env,
+                cwd=self.cwd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     async def watch(self) -> None:
@@ -88,11 +102,15 @@ class PluginProcess:
         raise PluginExited(self.exit_reason())
 
     async def terminate(self, grace: float) -> bool:
-        """Send SIGTERM and wait up to ``grace`` seconds; whether it exited."""
+        """Send SIGTERM and wait up to ``grace`` seconds; whether it exited.
+
+        Waits on the process itself, not on :meth:`watch`: a clean-up may run after the task
+        that watched it was cancelled.
+        """
         if self._process is not None and not self.exited.is_set():
             signal_child(self._process, signal.SIGTERM)
             with anyio.move_on_after(grace):
-                await self.exited.wait()
+                await self.watch()
         return self.exited.is_set()
 
     async def reap(self) -> None:

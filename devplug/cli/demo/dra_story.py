@@ -9,22 +9,17 @@ process, and everything is removed at the end.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import anyio
-
+from devplug.cli.demo.child import plugin_process
 from devplug.cli.demo.narration import Narrator, tell, write_state
 from devplug.testing import FakeKubeAPI, FakeKubelet
-from devplug.testing._process import signal_child
 
 if TYPE_CHECKING:
-    from anyio.abc import Process
+    from devplug.testing._process import PluginProcess
 
 DRIVER = "fake.example.com"
 NODE = "demo-node"
@@ -66,15 +61,12 @@ def _tainted(api: FakeKubeAPI, device: str) -> bool:
     )
 
 
-async def _stop(process: Process, root: Path, say: Narrator) -> None:
-    signal_child(process, signal.SIGTERM)
-    with anyio.fail_after(5):
-        code = await process.wait()
+async def _stop(plugin: PluginProcess, root: Path, say: Narrator) -> None:
+    exited = await plugin.terminate(5)
     left = sorted(p.name for d in (root / "plugins", root / "plugins_registry") for p in d.rglob("*.sock"))
-    say.step(
-        f"SIGTERM: driver exited with {code}, {'sockets removed' if not left else f'LEFT BEHIND: {left}'}"
-    )
-    if code != 0 or left:
+    ended = f"exited with {plugin.returncode}" if exited else "still running after 5 s"
+    say.step(f"SIGTERM: driver {ended}, {'sockets removed' if not left else f'LEFT BEHIND: {left}'}")
+    if not exited or plugin.returncode != 0 or left:
         raise RuntimeError("the driver did not shut down cleanly; see its log above")
 
 
@@ -99,19 +91,19 @@ async def _demo(workdir: Path, out: TextIO, pace: float) -> None:
             node_name=NODE,
         ) as kubelet:
             say.step("fake kubelet watching plugins_registry/ (DRA manager, kubelet >= 1.34 behaviour)")
-            command = [
-                sys.executable, "-m", "devplug_fake", "--api", "dra",
+            args = [
+                "--api", "dra",
                 "--driver-name", DRIVER, "--node-name", NODE, "--kubeconfig", str(kubeconfig),
                 "--kubelet-root", str(root), "--cdi-dir", str(workdir / "cdi"),
                 "--resource", "example.com/fake", "--state-file", str(state_file),
                 "--device-specs", "--log-format", "json",
             ]  # fmt: skip
-            with (workdir / "plugin.log").open("w") as log:
-                started = time.monotonic()
-                process = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=log)
-                async with process:
-                    say.step(f"started devplug-fake --api dra (pid {process.pid})")
-                    await _story(_Scene(api, kubelet, process, say, started, workdir, state_file, devices))
+            started = time.monotonic()
+            async with plugin_process("devplug_fake", args, workdir) as plugin:
+                say.step(f"started devplug-fake --api dra (pid {plugin.pid})")
+                scene = _Scene(api, kubelet, say, started, workdir, state_file, devices)
+                await plugin.guard(lambda: _story(scene))
+                await _stop(plugin, root, say)
 
 
 @dataclass
@@ -120,7 +112,6 @@ class _Scene:
 
     api: FakeKubeAPI
     kubelet: FakeKubelet
-    process: Process
     say: Narrator
     started: float
     workdir: Path
@@ -187,7 +178,6 @@ async def _story(scene: _Scene) -> None:
     await kubelet.unprepare(DRIVER, [("default", "demo", uid)])
     say.step(f"NodeUnprepareResources: CDI spec {'removed' if not spec_path.exists() else 'LEFT BEHIND'}")
     await say.pause()
-    await _stop(scene.process, workdir / "kubelet", say)
 
 
 def main(out: TextIO | None = None, pace: float | None = None) -> int:

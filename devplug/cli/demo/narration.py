@@ -1,4 +1,5 @@
-"""The demos' narration: timed steps, details, and state-file writes (no devplug runtime here)."""
+"""The demos' narration: timed steps, details, and state-file writes (of the devplug runtime only
+the signal handling, which ends a demo on Ctrl-C or SIGTERM)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+if sys.version_info < (3, 11):  # anyio depends on the backport there
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
+
+from devplug._runtime.signals import run_async
 from devplug.logging import configure as configure_logging
 
 if TYPE_CHECKING:
@@ -64,6 +69,10 @@ def tell(
 
     ``pace``: seconds to pause after the main steps; default 0.8 on a terminal, 0 otherwise.
     Returns 0, or 1 with the failure and the end of ``plugin.log`` on stderr.
+
+    Raises:
+        SystemExit: status 130 on SIGINT or SIGTERM (with one line on stderr), once the story
+            has been cancelled, its plugin stopped and the directory removed.
     """
     stream = out or sys.stdout
     if pace is None:
@@ -72,9 +81,9 @@ def tell(
     configure_logging("console", "warning")
     workdir = Path(tempfile.mkdtemp(prefix="devplug-demo-"))
     try:
-        anyio.run(story, workdir, stream, pace, backend="asyncio")
+        run_async(lambda: story(workdir, stream, pace))
     except Exception as exc:
-        print(f"{name} failed: {exc}", file=sys.stderr)
+        print(f"{name} failed: {_reason(exc)}", file=sys.stderr)
         log = workdir / "plugin.log"
         if log.exists():
             sys.stderr.write(log.read_text()[-4000:])
@@ -83,3 +92,10 @@ def tell(
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"done: everything above ran over {over}; nothing was left behind.", file=stream)
     return 0
+
+
+def _reason(exc: BaseException) -> BaseException:
+    """The failure itself, out of the task groups (the plugin's, the fakes') it came through."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

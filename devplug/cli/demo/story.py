@@ -7,18 +7,13 @@ process, and they speak gRPC over unix sockets exactly as on a node.
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import time
 from typing import TYPE_CHECKING, TextIO
 
-import anyio
-
+from devplug.cli.demo.child import plugin_process
 from devplug.cli.demo.narration import Narrator, tell, write_state
 from devplug.models import Health
 from devplug.testing import FakeKubelet
-from devplug.testing._process import signal_child
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -66,59 +61,59 @@ async def _demo(workdir: Path, out: TextIO, pace: float) -> None:
 
     async with FakeKubelet(dp_dir) as kubelet:
         say.step(f"fake kubelet serving {kubelet.socket_path.name} (Registration, kubelet >= 1.26 behaviour)")
-        command = [
-            sys.executable, "-m", "devplug_fake",
+        args = [
             "--device-plugin-dir", str(dp_dir),
             "--resource", RESOURCE,
             "--state-file", str(state_file),
             "--device-specs", "--cdi", "--cdi-dir", str(workdir / "cdi"),
             "--log-format", "json",
         ]  # fmt: skip
-        with (workdir / "plugin.log").open("w") as log:
-            started = time.monotonic()
-            process = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=log)
-            async with process:
-                say.step(f"started devplug-fake (pid {process.pid})")
-                reg = await kubelet.wait_for_registration(RESOURCE, timeout=15)
-                say.step(
-                    f"registered {RESOURCE} on {reg.endpoint} "
-                    f"{(reg.at - started) * 1000:.0f} ms after the process started"
-                )
-                listed = await kubelet.wait_for_devices(RESOURCE, lambda ds: len(ds) == 4)
-                say.step(f"device list received: capacity {kubelet.capacity(RESOURCE)}")
-                say.detail(_table(listed))
-                await say.pause()
+        started = time.monotonic()
+        async with plugin_process("devplug_fake", args, workdir) as plugin:
+            say.step(f"started devplug-fake (pid {plugin.pid})")
+            endpoint = await plugin.guard(lambda: _talk(kubelet, started, state_file, devices, say))
+            exited = await plugin.terminate(5)
+            gone = not (dp_dir / endpoint).exists()
+            ended = f"exited with {plugin.returncode}" if exited else "still running after 5 s"
+            say.step(f"SIGTERM: plugin {ended}, socket {'removed' if gone else 'LEFT BEHIND'}")
+            if not exited or plugin.returncode != 0 or not gone:
+                raise RuntimeError("the plugin did not shut down cleanly; see its log above")
 
-                allocation = await kubelet.allocate(RESOURCE, ["fake-1", "fake-3"])
-                say.step("Allocate(fake-1, fake-3) answered")
-                say.detail(f"envs: {allocation.envs}")
-                say.detail(
-                    "devices: "
-                    + ", ".join(f"{d.host_path} -> {d.container_path}" for d in allocation.devices)
-                )
-                say.detail(f"cdi: {', '.join(allocation.cdi_devices)}")
-                await say.pause()
 
-                await _flap_health(kubelet, state_file, devices, say)
+async def _talk(
+    kubelet: FakeKubelet, started: float, state_file: Path, devices: list[dict[str, object]], say: Narrator
+) -> str:
+    """Registration, the device list, Allocate, health, a kubelet restart; the last endpoint."""
+    reg = await kubelet.wait_for_registration(RESOURCE, timeout=15)
+    say.step(
+        f"registered {RESOURCE} on {reg.endpoint} "
+        f"{(reg.at - started) * 1000:.0f} ms after the process started"
+    )
+    listed = await kubelet.wait_for_devices(RESOURCE, lambda ds: len(ds) == 4)
+    say.step(f"device list received: capacity {kubelet.capacity(RESOURCE)}")
+    say.detail(_table(listed))
+    await say.pause()
 
-                await kubelet.restart()
-                restarted = time.monotonic()
-                say.step("kubelet restarted: plugin sockets deleted, new kubelet.sock created")
-                again = await kubelet.wait_for_registration(RESOURCE, count=2)
-                await kubelet.wait_for_devices(RESOURCE, lambda ds: len(ds) == 4)
-                say.step(
-                    f"re-registered on {again.endpoint} after {(again.at - restarted) * 1000:.1f} ms; "
-                    f"device list back after {(time.monotonic() - restarted) * 1000:.1f} ms"
-                )
-                await say.pause()
+    allocation = await kubelet.allocate(RESOURCE, ["fake-1", "fake-3"])
+    say.step("Allocate(fake-1, fake-3) answered")
+    say.detail(f"envs: {allocation.envs}")
+    say.detail("devices: " + ", ".join(f"{d.host_path} -> {d.container_path}" for d in allocation.devices))
+    say.detail(f"cdi: {', '.join(allocation.cdi_devices)}")
+    await say.pause()
 
-                signal_child(process, signal.SIGTERM)
-                with anyio.fail_after(5):
-                    code = await process.wait()
-                gone = not (dp_dir / again.endpoint).exists()
-                say.step(f"SIGTERM: plugin exited with {code}, socket {'removed' if gone else 'LEFT BEHIND'}")
-                if code != 0 or not gone:
-                    raise RuntimeError("the plugin did not shut down cleanly; see its log above")
+    await _flap_health(kubelet, state_file, devices, say)
+
+    await kubelet.restart()
+    restarted = time.monotonic()
+    say.step("kubelet restarted: plugin sockets deleted, new kubelet.sock created")
+    again = await kubelet.wait_for_registration(RESOURCE, count=2)
+    await kubelet.wait_for_devices(RESOURCE, lambda ds: len(ds) == 4)
+    say.step(
+        f"re-registered on {again.endpoint} after {(again.at - restarted) * 1000:.1f} ms; "
+        f"device list back after {(time.monotonic() - restarted) * 1000:.1f} ms"
+    )
+    await say.pause()
+    return again.endpoint
 
 
 def main(out: TextIO | None = None, pace: float | None = None, *, dra: bool = False) -> int:

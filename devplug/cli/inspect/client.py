@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import socket
 import stat
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import anyio
 import grpc
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Sequence
+    from collections.abc import Awaitable, Callable, Sequence
 
     from devplug.models import PluginOptions
     from devplug.testing._kubelet.rpc import DeviceLists
@@ -192,10 +191,17 @@ def _first_line(text: str | None) -> str:
     return lines[0] if lines else "no details"
 
 
-async def cancel_on_signal(scope: anyio.CancelScope) -> None:
-    """Cancel ``scope`` on Ctrl-C or SIGTERM: a ``--watch`` (device plugin or DRA) then ends
-    normally, with status 0; following the stream is the point."""
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            scope.cancel()
-            return
+async def follow_until_signalled(follow: Callable[[], Awaitable[None]]) -> str | None:
+    """Run ``follow`` until Ctrl-C or SIGTERM, or until it fails; its failure's message, or ``None``.
+
+    A ``--watch`` (device plugin or DRA) stopped by a signal ends normally, with status 0:
+    following the stream is the point. A signal before this (connecting, the first calls) is
+    an interruption instead: status 130.
+    """
+    from devplug._runtime.signals import until_signalled
+
+    try:
+        await until_signalled(follow)
+    except InspectError as exc:
+        return str(exc)
+    return None

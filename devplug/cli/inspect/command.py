@@ -25,10 +25,11 @@ from devplug.cli.inspect.client import (
     InspectError,
     PluginConnection,
     SeenDevice,
-    cancel_on_signal,
     check_socket,
+    follow_until_signalled,
 )
 from devplug.cli.inspect.dra_client import detect
+from devplug.logging import configure as configure_logging
 
 if TYPE_CHECKING:
     from devplug.models import ClaimRef, PluginOptions
@@ -136,17 +137,27 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser, out: TextIO 
     """Run ``devplug inspect`` with parsed ``args``; returns the exit status.
 
     Raises:
-        SystemExit: status 2 for arguments the kubelet's rules forbid (via ``parser.error``).
+        SystemExit: status 2 for arguments the kubelet's rules forbid (via ``parser.error``);
+            status 130 for Ctrl-C or SIGTERM before ``--watch`` follows its stream (with one
+            line on stderr).
     """
+    from devplug._runtime.signals import run_async
+
     _check(args, parser)
     stream = out or sys.stdout
+    # Only warnings from the kit's clients and the signal handling, on stderr, not the report.
+    configure_logging("console", "warning", stream=sys.stderr)
+    status: list[int] = []
+
+    async def inspecting() -> None:
+        status.append(await _inspect(args, stream))
+
     try:
-        return anyio.run(_inspect, args, stream, backend="asyncio")
+        run_async(inspecting)
     except InspectError as exc:
         print(f"devplug inspect: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130
+    return status[0]
 
 
 async def _inspect(args: argparse.Namespace, out: TextIO) -> int:
@@ -247,34 +258,33 @@ async def _watch(connection: PluginConnection, options: PluginOptions, as_json: 
         f"socket: {connection.path}\n{render.options_text(options)}",
         {"event": "options", "socket": connection.path, "options": render.options_json(options)},
     )
-    failure: str | None = None
     first = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(cancel_on_signal, tg.cancel_scope)
-        tg.start_soon(_warn_if_silent, first, connection.timeout)
+
+    async def follow() -> None:
         previous: list[SeenDevice] | None = None
         seq = 0
-        try:
-            while True:
-                devices = await connection.next_list(within=None)
-                assert devices is not None  # no deadline: a list, or an error
-                first.set()
-                seq += 1
-                now = datetime.now(timezone.utc)
-                changed = render.changes(previous, devices) if previous is not None else ""
-                header = f"{now.astimezone():%H:%M:%S.%f}"[:-3] + f"  list {seq}: {render.summary(devices)}"
-                emit(
-                    f"{header}{'; ' + changed if changed else ''}\n{render.table(devices)}",
-                    {
-                        "event": "list",
-                        "seq": seq,
-                        "time": now.isoformat().replace("+00:00", "Z"),
-                        "devices": render.devices_json(devices),
-                    },
-                )
-                previous = devices
-        except InspectError as exc:
-            failure = str(exc)
+        while True:
+            devices = await connection.next_list(within=None)
+            assert devices is not None  # no deadline: a list, or an error
+            first.set()
+            seq += 1
+            now = datetime.now(timezone.utc)
+            changed = render.changes(previous, devices) if previous is not None else ""
+            header = f"{now.astimezone():%H:%M:%S.%f}"[:-3] + f"  list {seq}: {render.summary(devices)}"
+            emit(
+                f"{header}{'; ' + changed if changed else ''}\n{render.table(devices)}",
+                {
+                    "event": "list",
+                    "seq": seq,
+                    "time": now.isoformat().replace("+00:00", "Z"),
+                    "devices": render.devices_json(devices),
+                },
+            )
+            previous = devices
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_warn_if_silent, first, connection.timeout)
+        failure = await follow_until_signalled(follow)
         tg.cancel_scope.cancel()
     if failure is not None:
         print(f"devplug inspect: {failure}", file=sys.stderr)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from devplug.cli.inspect.client import InspectError, cancel_on_signal
+from devplug.cli.inspect.client import InspectError, follow_until_signalled
 from devplug.cli.inspect.dra_client import DraConnection, DraTarget
 
 if TYPE_CHECKING:
@@ -185,31 +185,22 @@ async def _watch(
         file=out,
         flush=True,
     )
-    failure: str | None = None
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(cancel_on_signal, tg.cancel_scope)
-        try:
-            seq = 0
-            async for reports in connection.health(service):
-                seq += 1
-                now = datetime.now(timezone.utc)
-                if as_json:
-                    event = {"event": "health", "seq": seq, "time": now.isoformat().replace("+00:00", "Z")}
-                    print(
-                        json.dumps({**event, "devices": [_report_json(r) for r in reports]}),
-                        file=out,
-                        flush=True,
-                    )
-                else:
-                    stamp = f"{now.astimezone():%H:%M:%S.%f}"[:-3]
-                    print(
-                        f"{stamp}  message {seq}: {_summary(reports)}\n{_table(reports)}",
-                        file=out,
-                        flush=True,
-                    )
-        except InspectError as exc:
-            failure = str(exc)
-        tg.cancel_scope.cancel()
+
+    async def follow() -> None:
+        seq = 0
+        async for reports in connection.health(service):
+            seq += 1
+            now = datetime.now(timezone.utc)
+            if as_json:
+                event = {"event": "health", "seq": seq, "time": now.isoformat().replace("+00:00", "Z")}
+                print(
+                    json.dumps({**event, "devices": [_report_json(r) for r in reports]}), file=out, flush=True
+                )
+            else:
+                stamp = f"{now.astimezone():%H:%M:%S.%f}"[:-3]
+                print(f"{stamp}  message {seq}: {_summary(reports)}\n{_table(reports)}", file=out, flush=True)
+
+    failure = await follow_until_signalled(follow)
     if failure is not None:
         print(f"devplug inspect: {failure}", file=sys.stderr)
         return 1
