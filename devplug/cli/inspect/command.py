@@ -12,7 +12,9 @@ stderr), 2 for bad arguments.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TextIO
@@ -45,7 +47,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
             "kubelet would."
         ),
     )
-    parser.add_argument("socket", metavar="SOCKET", help="the plugin's unix socket")
+    # One or more: a shell glob that matches several sockets gets a line naming them, not
+    # argparse's "unrecognized arguments" for the second.
+    parser.add_argument(
+        "socket", metavar="SOCKET", nargs="+", help="the plugin's unix socket (a glob matching one is fine)"
+    )
     parser.add_argument(
         "--watch",
         action="store_true",
@@ -107,6 +113,25 @@ def _claim(text: str) -> ClaimRef:
     return ClaimRef(namespace, name, uid)
 
 
+def _one_socket(given: list[str], parser: argparse.ArgumentParser) -> str:
+    """The one socket meant: ``given`` as the shell expanded it, or a quoted glob expanded here.
+
+    Raises:
+        SystemExit: status 2 when the paths (or the glob) name more than one (via ``parser.error``).
+    """
+    paths = given
+    if len(given) == 1 and not os.path.lexists(given[0]) and glob.has_magic(given[0]):
+        paths = sorted(glob.glob(given[0])) or given
+    if len(paths) > 1:
+        which = (
+            f"{given[0]} matches {len(paths)} paths"
+            if paths is not given
+            else f"{len(paths)} paths given (a glob that matched more than one?)"
+        )
+        parser.error(f"SOCKET: {which}: {', '.join(paths)}; inspect one at a time")
+    return paths[0]
+
+
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     # The kubelet's own rules for these requests: what it would never send is a usage error.
     calls = args.allocate or args.preferred or args.pre_start
@@ -137,12 +162,13 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser, out: TextIO 
     """Run ``devplug inspect`` with parsed ``args``; returns the exit status.
 
     Raises:
-        SystemExit: status 2 for arguments the kubelet's rules forbid (via ``parser.error``);
-            status 130 for Ctrl-C or SIGTERM before ``--watch`` follows its stream (with one
-            line on stderr).
+        SystemExit: status 2 for arguments the kubelet's rules forbid or more than one socket
+            (via ``parser.error``); status 130 for Ctrl-C or SIGTERM before ``--watch`` follows
+            its stream (with one line on stderr).
     """
     from devplug._runtime.signals import run_async
 
+    args.socket = _one_socket(args.socket, parser)
     _check(args, parser)
     stream = out or sys.stdout
     # Only warnings from the kit's clients and the signal handling, on stderr, not the report.

@@ -2,10 +2,11 @@
 
 Given the registration socket, it shows GetInfo and the DRAPlugin service a kubelet >= 1.34
 would choose (the first of the driver's list it knows) and calls the endpoint GetInfo names;
-given the DRA endpoint itself, it uses v1 when served, else v1beta1. Without a call to make it
-sends an empty NodePrepareResources (every driver must answer it with an empty map). The
-answers are shown as sent, with the kubelet's verdict: an answer the kubelet would fail the pod
-for is an error (exit 1).
+given the DRA endpoint itself, it uses v1 when served, else v1beta1 (and for ``--watch``
+v1.DRAResourceHealth when served, else v1alpha1). Without a call to make it sends an empty
+NodePrepareResources (every driver must answer it with an empty map). The answers are shown as
+sent, with the kubelet's verdict: an answer the kubelet would fail the pod for is an error
+(exit 1).
 """
 
 from __future__ import annotations
@@ -166,11 +167,14 @@ async def _watch(
     as_json: bool,
     out: TextIO,
 ) -> int:
-    from devplug.testing._kubelet.dra_validation import HEALTH_V1ALPHA1, health_service
+    from devplug.testing._kubelet.dra_validation import HEALTH_V1, HEALTH_V1ALPHA1, health_service
 
-    # A bare endpoint advertises nothing: its v1alpha1 health service, the one every release of
-    # the kubelet since 1.34 opens. A registration socket's GetInfo says which the kubelet opens.
-    service = health_service(target.services) if target.info is not None else HEALTH_V1ALPHA1
+    # A registration socket's GetInfo says which the kubelet opens. A bare endpoint advertises
+    # nothing: v1 where it is served, else v1alpha1 (the one every kubelet since 1.34 opens).
+    if target.info is not None:
+        service = health_service(target.services)
+    else:
+        service = await connection.served_health((HEALTH_V1, HEALTH_V1ALPHA1))
     if service is None:
         print(
             f"devplug inspect: {target.endpoint} advertises no DRAResourceHealth service "

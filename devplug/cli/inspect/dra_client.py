@@ -10,14 +10,14 @@ socket is looked at.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import grpc
 
 from devplug.cli.inspect.client import InspectError, check_socket, status
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Sequence
+    from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 
     from devplug.models import ClaimRef
     from devplug.testing._kubelet.dra_resource import ClaimResult, HealthReport
@@ -119,6 +119,31 @@ class DraConnection:
 
         call = dra_rpc.unprepare(self._channel, service, claims, deadline=self.timeout)
         return await _call("NodeUnprepareResources", call)
+
+    async def served_health(self, services: Sequence[str]) -> str:
+        """The first of ``services`` (DRAResourceHealth versions, newest first) the endpoint serves.
+
+        Nothing advertises what a bare DRA endpoint serves: a stream is opened on each in turn
+        until one does not answer UNIMPLEMENTED (a served one answers with a message, or says
+        nothing until the deadline), and closed again. The last is taken without asking.
+        """
+        import anyio
+
+        from devplug.testing._kubelet import dra_rpc
+
+        for service in services[:-1]:
+            # An async generator: closing it cancels the call.
+            stream = cast("AsyncGenerator[object, None]", dra_rpc.watch_health(self._channel, service))
+            try:
+                with anyio.move_on_after(self.timeout):
+                    await anext(stream, None)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                    continue
+            finally:
+                await stream.aclose()
+            return service  # served; a stream that fails otherwise says so once it is watched
+        return services[-1]
 
     async def health(self, service: str) -> AsyncIterator[tuple[HealthReport, ...]]:
         """NodeWatchResources on ``service``: every message until the stream ends.

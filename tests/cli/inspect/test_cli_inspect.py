@@ -269,6 +269,30 @@ async def test_grpc_server_that_is_not_a_device_plugin(short_dir: Path) -> None:
     assert "speaks gRPC but not the device plugin protocol" in one_line(err)
 
 
+async def test_a_glob_that_matches_two_sockets_says_so(short_dir: Path) -> None:
+    """Expanded by the shell or given quoted, a glob naming two sockets is one line naming both
+    and status 2 (it used to be argparse's "unrecognized arguments" for the second)."""
+    async with FakeKubelet(short_dir / "a") as one, FakeKubelet(short_dir / "b") as two:
+        first, second = str(one.socket_path), str(two.socket_path)
+        code, _, err = await inspect(first, second)
+        assert (code, one_line(err)) == (
+            2,
+            "devplug inspect: error: SOCKET: 2 paths given (a glob that matched more than one?): "
+            f"{first}, {second}; inspect one at a time",
+        )
+        pattern = str(short_dir / "?" / "kubelet.sock")
+        code, _, err = await inspect(pattern)
+        assert (code, one_line(err)) == (
+            2,
+            f"devplug inspect: error: SOCKET: {pattern} matches 2 paths: {first}, {second}; "
+            "inspect one at a time",
+        )
+        # A quoted glob that matches one socket is that socket.
+        code, _, err = await inspect(str(short_dir / "a" / "*.sock"))
+    assert code == 1
+    assert f"{first}: speaks gRPC but not the device plugin protocol" in one_line(err)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -190,6 +190,27 @@ async def test_watch_text_until_the_driver_ends_the_stream(driver: RawDraDriver)
             assert await process.wait() == 1
 
 
+async def test_watch_on_an_endpoint_that_serves_v1_health_opens_v1(short_dir: Path) -> None:
+    # A bare endpoint advertises nothing: v1 is tried first (the one kubelet 1.37 prefers) and
+    # used when served; the test above shows the fall back to v1alpha1 where it is not.
+    raw = RawDraDriver(short_dir / "p", short_dir / "r", serve=("v1", "v1-health", "v1alpha1-health"))
+    await raw.start_dra()
+    try:
+        command = [sys.executable, "-m", "devplug", "inspect", str(raw.dra_socket), "--watch", "--json"]
+        async with watching(command) as process:
+            buffer: list[str] = []
+            info = json.loads(await read_line(process, buffer))
+            assert (info["event"], info["health_service"]) == ("info", "v1.DRAResourceHealth")
+            first = json.loads(await read_line(process, buffer))
+            assert [(d["device"], d["health"]) for d in first["devices"]] == [("dev-0", "Healthy")]
+            assert set(raw.health_streams) == {"v1"}
+            signal_child(process, signal.SIGTERM)
+            with anyio.fail_after(5):
+                assert await process.wait() == 0
+    finally:
+        await raw.stop()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
