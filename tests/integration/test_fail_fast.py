@@ -8,14 +8,15 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
 import pytest
 
-from devplug import ConfigError, Runner
+from devplug import ConfigError, Device, Runner, Settings
+from devplug.dra import DraDriver
 from devplug.testing import FakeKubeAPI, FakeKubelet
 from tests.dra.dra_kit import NODE
 from tests.support import ROOT, Widgets, logged_process, settings_for, wait_until
@@ -149,3 +150,56 @@ async def test_a_dra_driver_refuses_a_socket_directory_it_cannot_write(short_dir
         f"devplug-fake: cannot create sockets in {data_dir}: it is not writable by this process "
         f"(uid {os.geteuid()})"
     ]
+
+
+class LateWidgets(Widgets):
+    """Lists its devices once ``listed`` is set: the driver serves its sockets only then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listed = anyio.Event()
+
+    async def watch_devices(self) -> AsyncIterator[Sequence[Device]]:
+        await self.listed.wait()
+        async for devices in super().watch_devices():
+            yield devices
+
+
+async def test_a_dra_driver_stops_when_its_registration_socket_is_refused(short_dir: Path) -> None:
+    """plugins_registry writable when judged at start, not when the socket is made."""
+    registry = short_dir / "k" / "plugins_registry"
+    registry.mkdir(parents=True)
+    plugin = LateWidgets()
+    refused: list[ConfigError] = []
+    async with FakeKubeAPI() as api:
+        api.add_node(NODE)
+        settings = Settings(
+            api="dra",
+            driver_name=DRIVER,
+            node_name=NODE,
+            kubeconfig=api.write_kubeconfig(short_dir / "kc"),
+            kubelet_root=short_dir / "k",
+            cdi_dir=short_dir / "cdi",
+        )
+        driver = DraDriver([plugin], settings)
+
+        async def run() -> None:
+            try:
+                await driver.run(handle_signals=False)
+            except ConfigError as exc:
+                refused.append(exc)
+            tg.cancel_scope.cancel()
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run)
+                await wait_until(lambda: driver.publisher is not None, what="the driver opened")
+                with immutable(registry):
+                    plugin.listed.set()
+                    await anyio.sleep_forever()
+    (error,) = refused
+    assert str(error) == (
+        f"cannot create the socket {registry}/{DRIVER}-reg.sock: operation not permitted "
+        f"(the directory must be writable by this process, uid {os.geteuid()})"
+    )
+    assert not driver.dra_socket.exists()  # stopped, removed
