@@ -42,6 +42,7 @@ from devplug._dra.servicer import (
     add_registration_service,
     self_dial,
 )
+from devplug._grpc_calls import await_call
 from devplug._hooks import hook_problem
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
@@ -503,7 +504,7 @@ def _fitting(directory: Path, name: str) -> Path:
 async def _get_info(path: Path) -> None:
     async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
         stub: Any = reg_pb_grpc.RegistrationStub(channel)
-        await stub.GetInfo(reg_pb.InfoRequest(), timeout=2.0)
+        await await_call(stub.GetInfo(reg_pb.InfoRequest(), timeout=2.0))
 
 
 def _claim_reader(kube: Kube, errors: Counter[str]) -> Any:

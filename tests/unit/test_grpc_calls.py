@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,9 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
 
 pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("devplug", "devplug_fake", "devplug_nvidia")
 
 
 class _Slow(reg_pb_grpc.RegistrationServicer):
@@ -73,3 +77,21 @@ async def test_a_failed_call_raises_the_rpc_error(stub: Any) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await await_call(stub.GetInfo(reg_pb.InfoRequest(), timeout=0.1))
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def _bare_stub_calls(path: Path) -> list[str]:
+    """``await <...stub...>.Method(...)`` in ``path``: a grpc.aio call awaited without await_call."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Await) and isinstance(node.value, ast.Call)):
+            continue
+        func = node.value.func
+        if isinstance(func, ast.Attribute) and "stub" in ast.unparse(func.value).lower():
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_every_unary_call_of_the_packages_goes_through_await_call() -> None:
+    files = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py") if "_proto" not in p.parts]
+    assert files
+    assert [line for path in files for line in _bare_stub_calls(path)] == []
