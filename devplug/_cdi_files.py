@@ -51,10 +51,15 @@ def write_atomically(
     payload = data.encode() if isinstance(data, str) else data
     tmp = folder / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
-        fd = os.open(tmp, _FLAGS, mode)
-    except FileNotFoundError:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, _FLAGS, mode)
+        try:
+            fd = os.open(tmp, _FLAGS, mode)
+        except FileNotFoundError:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, _FLAGS, mode)
+    except OSError as exc:
+        if exc.filename == str(tmp):
+            exc.filename = str(path)  # the file a user knows of, not the temporary one
+        raise
     try:
         try:
             os.fchmod(fd, mode)  # the umask narrows os.open's mode; runtimes may read as another user

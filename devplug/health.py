@@ -32,6 +32,7 @@ import anyio
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
+from devplug._text import counted
 from devplug.models import Device, Health
 
 if TYPE_CHECKING:
@@ -285,7 +286,7 @@ class HealthPolicy:
         if s.flap_limit is not None and not t.held and len(t.flips) + 1 > s.flap_limit:
             t.held = True
             note = (
-                f"flapping ({len(t.flips) + 1} changes in {s.flap_window:g}s): "
+                f"flapping ({counted(len(t.flips) + 1, 'change')} in {s.flap_window:g}s): "
                 f"held Unhealthy until good for {s.flap_hold:g}s"
             )
             if health is Health.HEALTHY:

@@ -12,6 +12,8 @@ from typing import Literal, TextIO
 
 import structlog
 
+from devplug._text import rounded
+
 __all__ = ["configure"]
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -42,12 +44,26 @@ def configure(
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info if fmt == "json" else _passthrough,
+            _round_numbers,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
+
+
+def _round_numbers(
+    logger: structlog.typing.WrappedLogger, name: str, event: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    """Floats to three significant digits (devplug._text.rounded): durations, delays and
+    latencies read 0.123, not 0.12345678901, whichever code logged them."""
+    for key, value in event.items():
+        if isinstance(value, float):
+            event[key] = rounded(value)
+        elif isinstance(value, list | tuple) and any(isinstance(v, float) for v in value):
+            event[key] = [rounded(v) if isinstance(v, float) else v for v in value]
+    return event
 
 
 def _passthrough(

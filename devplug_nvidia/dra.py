@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
+from devplug._text import os_error_text
 from devplug.errors import DevplugError, config_error_in
 from devplug.models import CdiSpecFile, ContainerAllocation, PreparedDevice
 from devplug.plugin import DevicePlugin
@@ -284,8 +285,11 @@ def run_dra(settings: NvidiaSettings, prog: str, *, started: Callable[[], object
         settings = settings.model_copy(update={"driver_name": DRIVER_NAME})
     try:
         plugin = NvidiaDraPlugin.from_settings(settings)
-    except (DevplugError, OSError) as exc:
+    except DevplugError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"{prog}: {os_error_text(exc)}", file=sys.stderr)
         return 1
     if started is not None:
         started()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 import structlog
 
+from devplug._text import os_error_text
 from devplug.errors import ConfigError, DevplugError
 from devplug_nvidia._cli._fake_root import FakeRoots, model_names, require_model
 from devplug_nvidia._config._file import read_config_file
@@ -366,8 +367,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         roots.log_trees()
         try:
             anyio.run(_serve, settings)
-        except (DevplugError, OSError) as exc:
+        except DevplugError as exc:
             print(f"{PROG}: {exc}", file=sys.stderr)
+            return 1
+        except OSError as exc:
+            print(f"{PROG}: {os_error_text(exc)}", file=sys.stderr)
             return 1
     return 0
 

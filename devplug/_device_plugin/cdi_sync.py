@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from devplug._runtime.sockets import file_identity
+from devplug._text import os_error_text
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -57,7 +58,7 @@ class CdiSync:
         try:
             await anyio.to_thread.run_sync(write_spec, spec, self._directory)
         except OSError as exc:
-            self._log.error("cdi_spec_write_failed", path=str(path), error=str(exc))
+            self._log.error("cdi_spec_write_failed", path=str(path), error=os_error_text(exc))
             return
         previous, self._written = self._written, (path, text, file_identity(path))
         if previous is not None and previous[0] != path:
@@ -83,6 +84,6 @@ class CdiSync:
             try:
                 path.unlink()
             except OSError as exc:
-                self._log.warning("cdi_spec_remove_failed", path=str(path), error=str(exc))
+                self._log.warning("cdi_spec_remove_failed", path=str(path), error=os_error_text(exc))
                 return
         self._log.info("cdi_spec_removed", path=str(path))

@@ -15,6 +15,7 @@ import structlog
 import devplug
 from devplug import install_signals, run_async
 from devplug._extras import require_dra
+from devplug._text import os_error_text
 from devplug._version import version
 from devplug.errors import ConfigError, DevplugError, config_error_in
 from devplug.logging import configure as configure_logging
@@ -94,8 +95,11 @@ def _run(args: list[str], roots: FakeRoots) -> int:
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    except (DevplugError, OSError) as exc:  # e.g. an unwritable --cdi-dir: one line, exit 1
+    except DevplugError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # e.g. an unwritable --cdi-dir: one line, exit 1
+        print(f"{PROG}: {os_error_text(exc)}", file=sys.stderr)
         return 1
     roots.log_trees()  # after start-up, whose errors are one line
     if not plugins:
@@ -129,7 +133,8 @@ def prepare(
     Raises:
         ConfigError: the configuration does not fit the machine (exit 2).
         DevplugError: NVML failed and fail-on-init-error is true (exit 1).
-        OSError: a required IMEX channel is missing, or the CDI spec cannot be written (exit 1).
+        DevplugError: the CDI spec cannot be written (exit 1).
+        OSError: a required IMEX channel is missing (exit 1).
     """
     # fail-on-init-error=false: an NVML failure leaves STATUS not ready with the reason, logged
     # once, and nothing advertised (upstream blocks silently instead).
@@ -142,8 +147,11 @@ def prepare(
     if settings.any_cdi:
         from devplug_nvidia._container._cdi import write_cdi_spec
 
-        for path in write_cdi_spec(records, settings, present=present, imex=imex):
-            log.info("cdi_spec_written", path=str(path))
+        try:
+            for path in write_cdi_spec(records, settings, present=present, imex=imex):
+                log.info("cdi_spec_written", path=str(path))
+        except OSError as exc:
+            raise DevplugError(os_error_text(exc, "write the CDI spec")) from None
     if monitor is None:
         monitor = health_monitor(settings, records)
     links = read_link_matrix(settings) if by_resource.get(GPU_RESOURCE) else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from devplug._text import counted
 from devplug.errors import KubeletError
 from devplug.models import ClaimRef
 from devplug.testing._conformance import dra_judges as judge
@@ -149,7 +150,8 @@ class ClaimSteps:
             verdict = ("fail", f"NodeUnprepareResources failed for claim {uid}: {error}")
         else:
             note = "" if prepared[ghost[2]].error else "; a claim missing from the API prepared without error"
-            verdict = ("pass", f"{len(claims)} entries for {len(claims)} claims in both calls{note}")
+            entries = f"{counted(len(claims), 'entry', 'entries')} for {counted(len(claims), 'claim')}"
+            verdict = ("pass", f"{entries} in both calls{note}")
         self.results["entry_per_claim"] = verdict
 
 
@@ -157,4 +159,5 @@ def _entries_problem(method: str, wanted: set[str], got: Mapping[str, object]) -
     extra, missing = sorted(set(got) - wanted), sorted(wanted - set(got))
     if extra:
         return f"{method} answered for claim {extra[0]}, which was not asked for (the kubelet fails the pod)"
-    return f"{method} left out claim {missing[0]} (the kubelet fails the pod: skipped {len(missing)} claims)"
+    skipped = counted(len(missing), "claim")
+    return f"{method} left out claim {missing[0]} (the kubelet fails the pod: skipped {skipped})"

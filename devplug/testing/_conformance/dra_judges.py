@@ -13,6 +13,7 @@ from collections import Counter
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from devplug._text import counted
 from devplug.cdi import parse_qualified_name
 from devplug.testing._kubeapi.names import driver_name
 from devplug.testing._kubelet.dra_validation import DRA_SERVICES, HEALTH_V1, HEALTH_V1ALPHA1
@@ -115,11 +116,12 @@ def _pool_problem(pool: str, members: list[dict[str, Any]]) -> str:
     generation = max(s["spec"]["pool"]["generation"] for s in members)
     current = [s for s in members if s["spec"]["pool"]["generation"] == generation]
     if len(current) != len(members):
-        return f"pool {pool}: {len(members) - len(current)} obsolete slices below generation {generation}"
+        obsolete = counted(len(members) - len(current), "obsolete slice")
+        return f"pool {pool}: {obsolete} below generation {generation}"
     counts = {s["spec"]["pool"]["resourceSliceCount"] for s in current}
     if counts != {len(current)}:
         return (
-            f"pool {pool}: resourceSliceCount {sorted(counts)} for {len(current)} slices: "
+            f"pool {pool}: resourceSliceCount {sorted(counts)} for {counted(len(current), 'slice')}: "
             "the scheduler allocates nothing from an incomplete pool"
         )
     names = Counter(d["name"] for s in current for d in s["spec"].get("devices") or [])

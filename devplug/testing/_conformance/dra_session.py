@@ -18,6 +18,7 @@ import anyio
 import grpc
 from asyncinotify import Inotify, Mask
 
+from devplug._text import counted
 from devplug.testing._conformance import dra_judges as judge
 from devplug.testing._conformance.dra_claims import CALL_TIMEOUT, ClaimSteps, Stop
 from devplug.testing._conformance.dra_judges import DRA_CHECKS
@@ -177,7 +178,9 @@ class DraSession(ClaimSteps):
             except TimeoutError:
                 answers[service] = f"did not answer within {CALL_TIMEOUT:g} s"
             else:
-                answers[service] = None if not got else f"answered {len(got)} entries instead of none"
+                answers[service] = (
+                    None if not got else f"answered {counted(len(got), 'entry', 'entries')} instead of none"
+                )
         self.results["versions"] = judge.versions(reg.services, answers)
 
     # -- slices --------------------------------------------------------------------------------------
@@ -205,7 +208,10 @@ class DraSession(ClaimSteps):
             self.results["slices_published"] = ("fail", f"after {self.timeout:g} s: {found}")
             return
         devices = judge.published_devices(found)
-        self.results["slices_published"] = ("pass", f"{len(found)} slices, {len(devices)} devices")
+        self.results["slices_published"] = (
+            "pass",
+            f"{counted(len(found), 'slice')}, {counted(len(devices), 'device')}",
+        )
 
     # -- health, wipe, SIGTERM ---------------------------------------------------------------------
 
@@ -239,7 +245,7 @@ class DraSession(ClaimSteps):
         took = time.monotonic() - restarted
         self.results["slices_restored_after_wipe"] = (
             "pass",
-            f"{len(found)} slices recreated {took:.2f} s after a kubelet restart deleted them",
+            f"{counted(len(found), 'slice')} recreated {took:.2f} s after a kubelet restart deleted them",
         )
 
     def _socket_order(self) -> Outcome:

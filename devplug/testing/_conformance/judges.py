@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
+from devplug._text import counted
+
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
@@ -60,9 +62,11 @@ def serves_before_registering(attempts: Sequence[Registration]) -> Outcome:
     if late:
         return "fail", (
             f"Register arrived before {late[0].endpoint} accepted connections "
-            f"({len(late)} of {len(attempts)} calls): kubelet >= 1.26 dials the plugin during Register"
+            f"({len(late)} of {counted(len(attempts), 'call')}): "
+            "kubelet >= 1.26 dials the plugin during Register"
         )
-    return "pass", f"the endpoint accepted connections at each of {len(attempts)} Register calls"
+    calls = counted(len(attempts), "Register call")
+    return "pass", f"the endpoint accepted connections at each Register call ({calls})"
 
 
 def consistent_options(connections: Sequence[Connection]) -> Outcome:
@@ -130,13 +134,15 @@ def full_lists_only(connections: Sequence[Connection]) -> Outcome:
                     part for part in (_listed("missing", missing), _listed("extra", extra)) if part
                 )
                 return "fail", (
-                    f"{where} lists {len(ids)} devices against {len(reference[0])} in {reference[1]} "
+                    f"{where} lists {counted(len(ids), 'device')} "
+                    f"against {len(reference[0])} in {reference[1]} "
                     f"({diff}): each message replaces the whole set"
                 )
     if messages == 0:
         return _NO_LIST
     count = len(reference[0]) if reference is not None else 0
-    return "pass", f"{messages} messages on {len(connections)} streams, each listing the same {count} devices"
+    streams = f"{counted(messages, 'message')} on {counted(len(connections), 'stream')}"
+    return "pass", f"{streams}, each listing the same {counted(count, 'device')}"
 
 
 def _listed(label: str, ids: list[str]) -> str:
@@ -185,7 +191,7 @@ def unique_sockets(connections: Sequence[Connection]) -> Outcome:
 def preferred_problem(chosen: Sequence[str], available: Sequence[str], must: Sequence[str], size: int) -> str:
     """What is wrong with a GetPreferredAllocation answer ("" when nothing is)."""
     if len(chosen) != size:
-        return f"{len(chosen)} devices instead of {size}"
+        return f"{counted(len(chosen), 'device')} instead of {size}"
     if len(set(chosen)) != len(chosen):
         return "a device chosen twice"
     outside = [i for i in chosen if i not in available]

@@ -240,3 +240,27 @@ def test_labels_machine_type_file_follows_a_fake_driver_root(tmp_path: Path) -> 
     assert parse_args(["--driver-root", str(tmp_path)], environ={}).machine_type_file == (
         "/sys/class/dmi/id/product_name"
     )
+
+
+def test_an_os_error_at_start_is_a_sentence(clean_env: pytest.MonkeyPatch, tmp: Path) -> None:
+    """Not Python's "[Errno 2] No such file or directory: '...'"."""
+    cdi_dir = tmp / "file" / "cdi"
+    (tmp / "file").write_text("not a directory")
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "devplug-nvidia"),
+            *("--fake-nvml", "pcie-a10", "--device-list-strategy", "cdi-cri", "--cdi-dir", str(cdi_dir)),
+            *("--device-plugin-dir", str(tmp / "dp")),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert "[Errno" not in last and "'" not in last, last
+    spec = cdi_dir / "k8s.device-plugin.nvidia.com-gpu.json"
+    assert (
+        last == f"devplug-nvidia: cannot write the CDI spec {spec}: a part of the path is not a directory"
+    ), last

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -38,6 +39,7 @@ async def test_devplug_fake_as_a_dra_driver_passes() -> None:
     assert report.passed, (report.failures, report.output_tail)
     assert [r.name for r in report.results] == list(DRA_CHECKS)
     assert all(r.status == "pass" for r in report.results), report.results
+    assert re.fullmatch(r"1 slice, \d+ devices", report.result("slices_published").reason), report.results
     assert report.resource == "fake.example.com"
     assert report.api == "dra"
     assert "{kubelet_root}" not in " ".join(report.command)
