@@ -176,7 +176,11 @@ class FakeKubelet(DraActions, KubeletActions):
         server = registration_server(str(self.socket_path), self._register)
         self._server = server
         try:
-            await server.start()
+            # Shielded, as the runtime's own servers: a grpc.aio server cancelled while it
+            # starts cannot be stopped (its shutdown raises InvalidStateError), which a Ctrl-C
+            # ending `devplug demo --dra` at that moment showed as "failed: invalid state".
+            with anyio.CancelScope(shield=True):
+                await server.start()
         except BaseException:
             await self.stop()
             raise

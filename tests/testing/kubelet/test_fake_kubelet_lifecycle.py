@@ -119,6 +119,22 @@ async def test_restart_works_from_inside_a_task_group(short_dir: Path) -> None:
     assert not kubelet.socket_path.exists()
 
 
+async def test_cancelled_while_it_starts_it_stops_cleanly(short_dir: Path) -> None:
+    """A cancellation at any moment of the start (a Ctrl-C ending `devplug demo`) leaves no
+    error and no kubelet.sock. Cancelled while its gRPC server started, it used to fail with
+    InvalidStateError ("invalid state") in the stop that followed."""
+    directory = short_dir / "dp"
+    began = anyio.current_time()
+    async with FakeKubelet(directory):
+        pass
+    took = anyio.current_time() - began
+    for step in range(200):  # moments spread over the whole start, twice
+        with anyio.move_on_after(took * (step % 100) / 100):
+            async with FakeKubelet(directory):
+                pass
+        assert not (directory / "kubelet.sock").exists(), step
+
+
 async def test_start_twice_is_an_error(short_dir: Path) -> None:
     async with FakeKubelet(short_dir / "dp") as kubelet:
         with pytest.raises(RuntimeError, match="already running"):
