@@ -2,8 +2,10 @@
 
 :class:`HealthMonitor` registers every physical GPU behind the discovered records for XID and
 ECC events (only the types the GPU supports; a GPU that supports none, or answers NOT_SUPPORTED,
-is skipped, not marked Unhealthy), then waits for events in a worker thread with a short
-timeout, so the event loop never blocks and cancellation is noticed within one wait.
+is skipped, not marked Unhealthy), then waits for events in a thread of its own with a short
+timeout, so the event loop never blocks. A stop does not wait for that wait to time out: the
+thread is a daemon, left to finish its wait and free the event set after, so SIGTERM ends the
+process at once (a stop that joined the wait took up to ``wait_timeout``, 1 s).
 
 What an event does, per device (a record: a full GPU or a MIG device):
 
@@ -25,7 +27,10 @@ looks healthy while nothing watches it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -110,6 +115,11 @@ class _Session:
     event_set: Any
     types: dict[str, int]
     handles: dict[str, Any] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    waiting: bool = False
+    """A wait's thread is inside nvmlEventSetWait: the event set is not to be freed under it."""
+    closing: bool = False
+    """The monitor stopped: the thread of a wait still running closes the session when it returns."""
 
 
 Registration = tuple[Literal["ok", "skipped", "lost", "failed"], str, Any]
@@ -237,8 +247,12 @@ class HealthMonitor:
                 self._set_started()
                 await self._watch(session)
             finally:
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(self._close, session)
+                with session.lock:
+                    session.closing = True
+                    waiting = session.waiting
+                if not waiting:  # else the wait's thread closes it once its wait returns
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(self._close, session)
 
     async def _watch(self, session: _Session) -> None:
         """Wait for events until too many waits in a row fail (then the caller starts over)."""
@@ -249,7 +263,7 @@ class HealthMonitor:
             deadline = self._policy.next_deadline()
             if deadline is not None:
                 timeout = min(timeout, max(0.01, deadline - self._clock()))
-            outcome = await anyio.to_thread.run_sync(self._wait_once, session, math.ceil(timeout * 1000))
+            outcome = await self._wait(session, math.ceil(timeout * 1000))
             now = self._clock()
             if outcome.kind == "event":
                 self._event(outcome, now)
@@ -416,6 +430,41 @@ class HealthMonitor:
                 return "lost", str(exc), None
             return "failed", str(exc), None
         return "ok", "", handle
+
+    async def _wait(self, session: _Session, timeout_ms: int) -> _Wait:
+        """One nvmlEventSetWait in a daemon thread, abandoned when the task is cancelled.
+
+        anyio's worker threads are joined at interpreter exit and a cancelled ``run_sync`` waits
+        for its call, so a stop would wait for NVML's timeout. Here the cancelled task returns at
+        once and the thread, when the wait returns, closes the session (:attr:`_Session.closing`);
+        at process exit the daemon thread is not waited for. Freeing the event set under a
+        running wait to wake it is not done: NVML does not say that is safe.
+        """
+        loop = asyncio.get_running_loop()
+        done = anyio.Event()
+        result: list[_Wait | BaseException] = []
+
+        def wait() -> None:
+            try:
+                result.append(self._wait_once(session, timeout_ms))
+            except BaseException as exc:  # handed to the task, raised there
+                result.append(exc)
+            with session.lock:
+                session.waiting = False
+                close = session.closing
+            if close:
+                self._close(session)
+                return
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+                loop.call_soon_threadsafe(done.set)
+
+        with session.lock:
+            session.waiting = True
+        threading.Thread(target=wait, name="nvml-event-wait", daemon=True).start()
+        await done.wait()
+        if isinstance(result[0], BaseException):
+            raise result[0]
+        return result[0]
 
     @staticmethod
     def _wait_once(session: _Session, timeout_ms: int) -> _Wait:
