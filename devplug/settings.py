@@ -30,6 +30,7 @@ from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDic
 
 from devplug import _settings_groups as _groups
 from devplug._settings_groups import GROUPS, SettingsGroup, fields_of, group_of
+from devplug._text import os_error_text
 from devplug._version import version
 from devplug.errors import ConfigError
 
@@ -366,7 +367,7 @@ def read_yaml(path: Path) -> Any:
     try:
         return yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+        raise ConfigError(os_error_text(exc, f"read the config file {path}")) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path}: not UTF-8 text (byte {exc.start})") from None
     except yaml.YAMLError as exc:

@@ -31,6 +31,7 @@ from devplug._dra.checkpoint import PreparedClaim
 from devplug._dra.lock import DriverLock, LockTimeout, lock_wait
 from devplug._dra.names import cdi_device, cdi_kind, claim_spec_file
 from devplug._hooks import overrides
+from devplug._text import os_error_text
 from devplug.checks import HostPathError, check_host_paths
 from devplug.models import AllocatedDevice, CdiSpecFile, Claim, ClaimRef, OpaqueConfig, PreparedDevice
 
@@ -327,7 +328,7 @@ class Preparer:
             self.checkpoint.save()
         except OSError as exc:
             del self.checkpoint.claims[ref.uid]
-            raise ClaimError(f"claim {ref}: the checkpoint cannot be written: {exc.strerror}") from None
+            raise ClaimError(f"claim {ref}: {os_error_text(exc, 'write the checkpoint')}") from None
 
     async def _restore_spec(self, record: PreparedClaim) -> None:
         if record.spec_file and not (self.cdi_dir / record.spec_file).exists():
@@ -343,7 +344,7 @@ class Preparer:
             write_atomically(self.cdi_dir, record.spec_file, record.spec_text.encode(), 0o644)
         except OSError as exc:
             raise ClaimError(
-                f"cannot write the CDI spec {self.cdi_dir / record.spec_file}: {exc.strerror}"
+                os_error_text(exc, f"write the CDI spec {self.cdi_dir / record.spec_file}")
             ) from None
 
     # -- unprepare ------------------------------------------------------------------------------
@@ -399,7 +400,7 @@ class Preparer:
             self.checkpoint.save()
         except OSError as exc:
             self.checkpoint.claims[ref.uid] = record
-            raise ClaimError(f"claim {ref}: the checkpoint cannot be written: {exc.strerror}") from None
+            raise ClaimError(f"claim {ref}: {os_error_text(exc, 'write the checkpoint')}") from None
 
     async def _undo(self, ref: ClaimRef, record: PreparedClaim, plugins: Sequence[DevicePlugin]) -> None:
         """Roll back a prepare that failed before it was recorded: ``unprepare_claim`` of each of

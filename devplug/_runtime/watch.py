@@ -31,6 +31,7 @@ import anyio
 import structlog
 from asyncinotify import Inotify, Mask
 
+from devplug._text import os_error_text
 from devplug._versioned import Versioned
 from devplug.errors import ConfigError
 
@@ -199,7 +200,7 @@ class DirWatcher:
                 self._watched[path] = inotify.add_watch(path, _MASK).wd
             except OSError as exc:
                 if exc.errno not in _ABSENT:
-                    raise ConfigError(f"cannot watch the directory {path}: {exc.strerror}") from None
+                    raise ConfigError(os_error_text(exc, f"watch the directory {path}")) from None
                 ancestor = _watch_ancestor(inotify, path)
                 if ancestor is not None:
                     added = added or ancestor.wd not in self._ancestors
@@ -236,5 +237,5 @@ def _watch_ancestor(inotify: Inotify, path: Path) -> Watch | None:
             return inotify.add_watch(parent, _MASK)
         except OSError as exc:
             if exc.errno not in _ABSENT:
-                raise ConfigError(f"cannot watch {parent}, above {path}: {exc.strerror}") from None
+                raise ConfigError(os_error_text(exc, f"watch {parent} (above {path})")) from None
     return None

@@ -98,7 +98,7 @@ def two_specs(devices: Sequence[AllocatedDevice]) -> list[PreparedDevice]:
 @pytest.mark.parametrize(
     ("behaviour", "broken", "error"),
     [
-        ({}, unwritable, "the checkpoint cannot be written: No space left on device"),
+        ({}, unwritable, "cannot write the checkpoint: no space left on the device"),
         (
             {"answer": stranger},
             None,
@@ -144,7 +144,7 @@ async def test_a_failing_rollback_is_logged_and_the_original_error_stands(tmp_pa
     ref = w.add(claim_of("u1", ["w0"]))
     with capture_logs() as logs:
         result = (await w.preparer.prepare([ref]))["u1"]
-    assert "the checkpoint cannot be written" in result.error
+    assert "cannot write the checkpoint" in result.error
     assert "daemon will not stop" not in result.error
     failed = [e for e in logs if e["event"] == "rollback_failed"]
     assert len(failed) == 1

@@ -50,7 +50,11 @@ resources:
 
 CASES = [
     # devplug run: the standard runner options, from flags, DEVPLUG_* and --config.
-    Case("run-config-missing", (*RUN, "--config", "{d}/missing.yaml"), ("missing.yaml: No such file",)),
+    Case(
+        "run-config-missing",
+        (*RUN, "--config", "{d}/missing.yaml"),
+        ("cannot read the config file", "missing.yaml: no such file"),
+    ),
     Case(
         "run-config-syntax",
         (*RUN, "--config", "{d}/c.yaml"),
@@ -141,7 +145,11 @@ CASES = [
     Case(
         "nvidia-env-mig", NVIDIA, ("invalid setting MIG_STRATEGY", "'bogus'"), env={"MIG_STRATEGY": "bogus"}
     ),
-    Case("nvidia-config-missing", (*NVIDIA, "--config-file", "{d}/missing.yaml"), ("No such file",)),
+    Case(
+        "nvidia-config-missing",
+        (*NVIDIA, "--config-file", "{d}/missing.yaml"),
+        ("cannot read the config file", "no such file"),
+    ),
     Case(
         "nvidia-config-version",
         (*NVIDIA, "--config-file", "{d}/c.yaml"),

@@ -127,7 +127,9 @@ def test_a_misspelled_variable_gets_a_did_you_mean(
 
 
 def test_missing_config_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"config file .*nope\.yaml: No such file or directory"):
+    with pytest.raises(
+        ConfigError, match=r"^cannot read the config file .*nope\.yaml: no such file or directory$"
+    ):
         load_settings(Settings, ["--config", str(tmp_path / "nope.yaml")])
 
 

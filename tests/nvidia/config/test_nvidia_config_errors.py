@@ -149,7 +149,10 @@ def test_file_errors(tmp_path: Path, doc: dict[str, Any], argv: list[str], parts
             ["--shared-devices-allocation-policy", "random"],
             ["invalid setting --shared-devices-allocation-policy:"],
         ),
-        (["--config-file", "/nonexistent/c.yaml"], ["/nonexistent/c.yaml", "No such file"]),
+        (
+            ["--config-file", "/nonexistent/c.yaml"],
+            ["cannot read the config file /nonexistent/c.yaml: no such file or directory"],
+        ),
     ],
 )
 def test_flag_errors(argv: list[str], parts: list[str]) -> None:
