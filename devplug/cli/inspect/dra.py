@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
+from devplug._text import counted
 from devplug.cli.inspect.client import InspectError, follow_until_signalled
 from devplug.cli.inspect.dra_client import DraConnection, DraTarget
 
@@ -115,9 +116,8 @@ async def run(target: DraTarget, args: argparse.Namespace, out: TextIO) -> int:
         if not prepare and not unprepare:
             answered = await connection.prepare(service, [])
             doc["empty_prepare"] = results_json(answered)
-            lines.append(
-                f"empty NodePrepareResources: {'{}' if not answered else f'{len(answered)} entries'}"
-            )
+            entries = counted(len(answered), "entry", "entries") if answered else "{}"
+            lines.append(f"empty NodePrepareResources: {entries}")
             if answered:
                 error = "an empty NodePrepareResources must get an empty map"
         if prepare:
@@ -224,7 +224,8 @@ def _report_json(r: HealthReport) -> dict[str, Any]:
 
 def _summary(reports: tuple[HealthReport, ...]) -> str:
     counts = {h: sum(r.health == h for r in reports) for h in ("Healthy", "Unhealthy", "Unknown")}
-    return f"{len(reports)} devices, " + ", ".join(f"{n} {h.lower()}" for h, n in counts.items() if n)
+    health = ", ".join(f"{n} {h.lower()}" for h, n in counts.items() if n)
+    return counted(len(reports), "device") + (f", {health}" if health else "")
 
 
 def _table(reports: tuple[HealthReport, ...]) -> str:

@@ -183,7 +183,7 @@ async def test_watch_text_until_the_driver_ends_the_stream(driver: RawDraDriver)
             "service: v1.DRAPlugin (the newest served)",
             "health: v1alpha1.DRAResourceHealth",
         ]
-        assert "message 1: 1 devices, 1 healthy" in lines[3]
+        assert "message 1: 1 device, 1 healthy" in lines[3]
         assert lines[4].split() == ["DEVICE", "HEALTH", "TIMEOUT", "MESSAGE"]
         driver.end_health_streams()
         with anyio.fail_after(5):
