@@ -182,4 +182,5 @@ def health_full_list(
             f"the last message leaves out {len(missing)} of {len(published)} published devices "
             f"({missing[0][0]}/{missing[0][1]}, ...): each message must list all; the rest turn Unknown"
         )
-    return "pass", f"{len(messages)} messages; the last lists all {len(published)} published devices"
+    last = f"the last lists all {counted(len(published), 'published device')}"
+    return "pass", f"{counted(len(messages), 'message')}; {last}"

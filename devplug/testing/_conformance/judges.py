@@ -79,7 +79,10 @@ def consistent_options(connections: Sequence[Connection]) -> Outcome:
                 f"RegisterRequest.options {_flags(sent)} but GetDevicePluginOptions {_flags(answered)} "
                 f"({c.label}): kubelet >= 1.26 uses only the latter, older ones only the former"
             )
-    return "pass", f"{_flags(connections[0].endpoint.options)} in both, on {len(connections)} registrations"
+    return (
+        "pass",
+        f"{_flags(connections[0].endpoint.options)} in both, on {counted(len(connections), 'registration')}",
+    )
 
 
 def _flags(options: PluginOptions) -> str:
@@ -107,7 +110,10 @@ def initial_list_at_once(connections: Sequence[Connection], waited: float) -> Ou
                 f"first message {delay:.2f} s after the stream opened ({c.label}); it must come at once",
             )
         slowest = max(slowest, delay)
-    return "pass", f"first list within {slowest * 1000:.0f} ms on each of {len(connections)} streams"
+    return (
+        "pass",
+        f"first list within {slowest * 1000:.0f} ms on each stream ({counted(len(connections), 'stream')})",
+    )
 
 
 def full_lists_only(connections: Sequence[Connection]) -> Outcome:
@@ -185,7 +191,10 @@ def unique_sockets(connections: Sequence[Connection]) -> Outcome:
                 "path whose old endpoint still exists"
             )
         seen[endpoint] = c.label
-    return "pass", f"{len(connections)} registrations on {len(seen)} distinct socket names"
+    return (
+        "pass",
+        f"{counted(len(connections), 'registration')} on {counted(len(seen), 'distinct socket name')}",
+    )
 
 
 def preferred_problem(chosen: Sequence[str], available: Sequence[str], must: Sequence[str], size: int) -> str:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from devplug._text import counted
 from devplug.errors import KubeletError
 from devplug.testing._conformance import judges as judge
 from devplug.testing._conformance.judges import CHECKS, Connection, Outcome
@@ -107,7 +108,7 @@ class Session:
             if isinstance(exc, PluginExited):
                 reason = f"{exc} before registering"
             elif attempts:
-                reason = f"Register rejected ({len(attempts)} attempts): {attempts[-1].error}"
+                reason = f"Register rejected ({counted(len(attempts), 'attempt')}): {attempts[-1].error}"
             else:
                 others = sorted({r.resource for r in kubelet.registrations if r.accepted})
                 seen = f" (registered: {', '.join(others)})" if others else ""
@@ -229,7 +230,7 @@ class Session:
             problem = judge.preferred_problem(chosen, healthy, must, size)
             if problem:
                 return "fail", f"{what} answered {chosen}: {problem}"
-        return "pass", f"honoured must-include and size in {len(cases)} requests"
+        return "pass", f"honoured must-include and size in {counted(len(cases), 'request')}"
 
     async def _restarts(self, count: int) -> None:
         assert self.resource is not None
