@@ -57,6 +57,7 @@ from devplug._runtime.sockets import (
     unwritable,
 )
 from devplug._settings_groups import fields_of
+from devplug._text import os_error_text
 from devplug.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -209,7 +210,7 @@ class DraService:
         try:
             make_directories(self.state_dir)
         except OSError as exc:
-            raise ConfigError(f"cannot create the directory {self.state_dir}: {exc.strerror}") from None
+            raise ConfigError(os_error_text(exc, "create the directory")) from None
         registry = self.settings.plugins_registry_dir
         if registry.exists() and not registry.is_dir():
             raise ConfigError(f"{registry} exists and is not a directory")
@@ -249,7 +250,7 @@ class DraService:
         try:
             fd = hold_exclusive(lock)
         except OSError as exc:
-            raise ConfigError(f"cannot open the lock file {lock}: {exc.strerror}") from None
+            raise ConfigError(os_error_text(exc, f"open the lock file {lock}")) from None
         live = [p for p in (self.dra_socket, self.registration_socket) if is_live_socket(p)]
         if fd is None or live:
             if fd is not None:

@@ -13,6 +13,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
+from devplug._text import os_error_text
 from devplug.cli._argtypes import positive_seconds, whole_number
 from devplug.logging import configure as configure_logging
 
@@ -101,7 +102,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser, out: TextIO 
         # A Ctrl-C or SIGTERM stops the plugin and the fakes, then exits 130 with one line.
         run_async(checking)
     except OSError as exc:
-        parser.error(f"cannot start {command[0]}: {exc.strerror or exc}")
+        parser.error(os_error_text(exc, f"start {command[0]}"))
     report = reports[0]
     if args.json:
         print(json.dumps(report.model_dump(mode="json") | {"passed": report.passed}, indent=2), file=stream)

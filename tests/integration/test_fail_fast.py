@@ -203,3 +203,16 @@ async def test_a_dra_driver_stops_when_its_registration_socket_is_refused(short_
         f"(the directory must be writable by this process, uid {os.geteuid()})"
     )
     assert not driver.dra_socket.exists()  # stopped, removed
+
+
+async def test_a_dra_driver_whose_directory_cannot_be_made_says_why_in_words(short_dir: Path) -> None:
+    (short_dir / "k").mkdir()
+    (short_dir / "k" / "plugins").write_text("a file where a directory should be\n")
+    async with FakeKubeAPI() as api:
+        api.add_node(NODE)
+        status, lines = await finished(*dra_args(short_dir, api.write_kubeconfig(short_dir / "kc")))
+    assert status == 2
+    assert lines == [
+        f"devplug-fake: cannot create the directory {short_dir / 'k' / 'plugins' / DRIVER}: "
+        "a part of the path is not a directory"
+    ]

@@ -90,7 +90,7 @@ def test_plugin_that_never_registers() -> None:
     ("args", "message"),
     [
         ([], "no plugin command given"),
-        (["--", "/nonexistent/plugin"], "cannot start /nonexistent/plugin: No such file or directory"),
+        (["--", "/nonexistent/plugin"], "cannot start /nonexistent/plugin: no such file or directory"),
         (["--restarts", "-1", "--", "true"], "must be 0 or more"),
     ],
 )

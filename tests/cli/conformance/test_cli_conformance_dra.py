@@ -58,7 +58,7 @@ def test_the_driver_option_picks_the_driver() -> None:
         (["--node", "n", "--", "true"], "--node goes with --dra"),
         (
             ["--dra", "--", "/nonexistent/driver"],
-            "cannot start /nonexistent/driver: No such file or directory",
+            "cannot start /nonexistent/driver: no such file or directory",
         ),
     ],
 )
