@@ -126,7 +126,7 @@ def test_devplug_command_lines_name_flags_that_exist(block: Block, line: str, fp
     # The sub-command (and MODULE:CLASS for run) are what --help is asked of.
     head: list[str] = []
     if argv[0] == "devplug":
-        head = words[1:3] if words[1] == "run" else words[1:2]
+        head = words[1:3] if words[1] == "run" or words[1:3] == ["kubelet", "claim"] else words[1:2]
     elif argv[0] == "devplug-nvidia" and words[1:2] in (["labels"], ["fake-root"]):
         head = words[1:2]
     if head[:1] == ["run"]:
