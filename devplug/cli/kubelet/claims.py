@@ -38,7 +38,9 @@ Ref = tuple[str, str, str]
 
 async def follow_claims(api: FakeKubeAPI, kubelet: FakeKubelet, node: str, out: TextIO) -> None:
     """Allocate, prepare and unprepare the API server's claims as they come and go, for ever."""
-    from devplug.cli.kubelet.dra import say
+
+    def say(out: TextIO, line: str) -> None:
+        print(line, file=out, flush=True)
 
     prepared: dict[str, tuple[str, Ref]] = {}  # UID → (driver, the claim)
     seen: dict[str, str] = {}  # UID → the resourceVersion acted on last

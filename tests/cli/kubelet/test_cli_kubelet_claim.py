@@ -111,22 +111,11 @@ def test_bad_claim_flags_are_one_line(tmp_path: Path, args: list[str], message: 
     assert result.stderr.count("\n") == 1
 
 
-def _kubectl() -> Path:
-    from tests.testing.kubeapi.real_api import assets
-
-    binary = assets() / "kubectl"
-    if not binary.is_file():
-        reason = f"no kubectl in {assets()} (KUBEBUILDER_ASSETS; the e2e node build makes one)"
-        if os.environ.get("DEVPLUG_E2E_REQUIRED"):
-            pytest.fail(reason, pytrace=False)
-        print(f"skipped: {reason}")
-        pytest.skip(reason)
-    return binary
-
-
 @pytest.mark.anyio
 async def test_kubectl_apply_of_a_claim_gets_it_prepared(short_dir: Path) -> None:
-    kubectl = _kubectl()
+    from tests.testing.kubeapi.test_kubeapi_kubectl import _binary
+
+    kubectl = _binary()  # skipped, saying why, without kubectl; CI's e2e node build makes one
     root = short_dir / "k"
     state = short_dir / "devices.json"
     write_state(state, [{"id": "fake-0"}])
