@@ -6,6 +6,7 @@ documents cut down to the kinds served here, without descriptions (package data 
 scripts/gen_openapi.py, which tests/testing/kubeapi/test_kubeapi_kubectl.py checks against a real one).
 As there, the index names each document with the SHA-512 of its bytes; a request with that
 ``hash`` may be cached for good, one with a stale hash is redirected to the current one.
+``/openapi/v2`` is a document without paths (:func:`answer_v2`).
 """
 
 from __future__ import annotations
@@ -61,3 +62,23 @@ def answer(path: str, query: dict[str, str]) -> Response | None:
     if wanted != digest:
         return Response(301, b"", headers=[etag, ("Location", f"{path}?hash={digest}")])
     return Response(200, body, headers=[etag, ("Cache-Control", "public, immutable")])
+
+
+V2 = "/openapi/v2"
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """One length-delimited protobuf field (the lengths here are under 128: one byte)."""
+    return bytes([number << 3 | 2, len(payload)]) + payload
+
+
+def answer_v2(version: str) -> Response:
+    """``/openapi/v2``: a Swagger 2.0 document with no paths, as gnostic's protobuf (what kubectl asks for).
+
+    kubectl turns to it when the v3 documents do not describe a kind (a DeviceClass, a Pod): it
+    then finds the kind in neither, validates on the client and, through discovery, reports that
+    the kind is not served (instead of failing with "failed to download openapi").
+    """
+    info = _field(1, b"Kubernetes") + _field(2, version.encode())
+    body = _field(1, b"2.0") + _field(2, info) + _field(8, b"")
+    return Response(200, body, content_type="application/com.github.proto-openapi.spec.v2.v1.0+protobuf")

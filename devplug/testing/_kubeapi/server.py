@@ -70,8 +70,9 @@ class FakeKubeAPI(KubeAPIHelpers):
     no ``node.kubernetes.io/not-ready`` taint); no managedFields and no server-side apply
     (``application/apply-patch+yaml`` is 415 with a text that says so; kubectl reports "Server-side
     apply not available on the server"); the OpenAPI documents are the real server's without
-    descriptions (``kubectl explain`` shows none), with only the served paths and JSON, and no
-    ``/openapi/v2``; the Tables' column descriptions are short texts of the fake's own; a strict
+    descriptions (``kubectl explain`` shows none), with only the served paths and JSON, and
+    ``/openapi/v2`` has no paths (kubectl applying a kind not served says "no matches for
+    kind"); the Tables' column descriptions are short texts of the fake's own; a strict
     PATCH that leaves unknown fields is 422 as on the real server, but the patched object quoted
     in its text has another field order; no Pods, Events or Leases, except an always empty
     ``/api/v1/pods`` list for ``kubectl describe node`` (which then says "Failed to get lease: the
@@ -300,6 +301,8 @@ class FakeKubeAPI(KubeAPIHelpers):
             if answer is None:
                 raise not_found_path()
             return answer
+        if request.method == "GET" and path == openapi.V2:
+            return openapi.answer_v2(self.kubernetes_version)
         if request.method == "GET" and path == "/api/v1/pods" and request.query.get("watch") is None:
             # No pods run here; kubectl describe node lists a node's pods, and stops at a 404.
             meta = {"resourceVersion": str(self._store.rv)}

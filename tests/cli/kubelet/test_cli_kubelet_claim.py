@@ -140,6 +140,33 @@ async def test_kubectl_apply_of_a_claim_gets_it_prepared(short_dir: Path) -> Non
 
 
 @pytest.mark.anyio
+async def test_kubectl_applying_a_kind_not_served_says_so(tmp_path: Path) -> None:
+    """A DeviceClass (or a Pod) is in no OpenAPI v3 document: kubectl then reads /openapi/v2,
+    and reports that the kind is not served. (It used to fail with "failed to download
+    openapi", for the whole file, before a claim in it was applied.)"""
+    from devplug.testing import FakeKubeAPI
+    from tests.testing.kubeapi.test_kubeapi_kubectl import _binary
+
+    kubectl = _binary()
+    manifest = tmp_path / "all.yaml"
+    manifest.write_text(
+        "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: fake\nspec: {}\n---\n"
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: c\n"
+        "spec:\n  devices:\n    requests:\n    - name: r\n      exactly:\n        deviceClassName: fake\n"
+    )
+    async with FakeKubeAPI() as api:
+        env = {**os.environ, "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig"))}
+        env["KUBECACHEDIR"] = str(tmp_path / "cache")
+        result = await anyio.run_process([str(kubectl), "apply", "-f", str(manifest)], env=env, check=False)
+        err = result.stderr.decode()
+        assert result.returncode == 1
+        assert "failed to download openapi" not in err
+        assert 'no matches for kind "DeviceClass" in version "resource.k8s.io/v1"' in err
+        assert result.stdout.decode() == "resourceclaim.resource.k8s.io/c created\n"
+        assert api.claim("default", "c")["spec"]["devices"]["requests"][0]["name"] == "r"
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["killed", "stopped"])
 async def test_a_restart_on_the_same_root_keeps_the_address_and_the_driver_publishes_again(
     short_dir: Path, stop: signal.Signals
