@@ -126,6 +126,16 @@ def test_a_misspelled_variable_gets_a_did_you_mean(
     assert capsys.readouterr().err == f"devplug run: warning: {warning}\n"
 
 
+def test_a_variable_that_only_shares_a_word_with_a_setting_is_not_warned_about(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from devplug_nvidia.config import NvidiaSettings
+
+    monkeypatch.setenv("DEVPLUG_E2E_REQUIRED", "1")  # .ci/run's; devplug-nvidia has IMEX_REQUIRED
+    load_settings(NvidiaSettings, [], prog="devplug-nvidia")
+    assert capsys.readouterr().err == ""
+
+
 def test_missing_config_file(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError, match=r"^cannot read the config file .*nope\.yaml: no such file or directory$"
