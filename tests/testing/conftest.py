@@ -107,7 +107,11 @@ class RawPlugin:
             resource_name=self.resource if resource is None else resource,
             options=self.options if options is None else options,
         )
-        async with grpc.aio.insecure_channel(f"unix:{kubelet_socket}") as channel:
+        # A channel of its own subchannels: grpc shares connections between channels to one
+        # target, and a kubelet restarted at the same path must not get a Register that was
+        # meant for it on the old kubelet's closing connection ("Stream removed: Broken pipe").
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        async with grpc.aio.insecure_channel(f"unix:{kubelet_socket}", options=options) as channel:
             await pb_grpc.RegistrationStub(channel).Register(request, timeout=5)
 
     def set_devices(self, devices: RawList) -> None:
