@@ -152,19 +152,23 @@ class _DevicePlugin:
         sent = -1
         try:
             while not p._end_streams:
-                if sent != p._version:
-                    sent = p._version
-                    yield pb.ListAndWatchResponse(
-                        devices=[
-                            pb.Device(
-                                ID=i,
-                                health=h,
-                                topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in numa]),
-                            )
-                            for i, h, numa in p.devices
-                        ]
-                    )
-                await p.changed()
+                if sent == p._version:
+                    await p.changed()
+                    continue
+                sent = p._version
+                yield pb.ListAndWatchResponse(
+                    devices=[
+                        pb.Device(
+                            ID=i,
+                            health=h,
+                            topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in numa]),
+                        )
+                        for i, h, numa in p.devices
+                    ]
+                )
+                # The yield hands the answer to grpc and resumes when grpc asks for the next
+                # one: a change made meanwhile is seen by the version test above, not missed
+                # by waiting for the next change.
         except BaseException:
             p.streams_cancelled += 1
             raise

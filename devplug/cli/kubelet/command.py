@@ -16,6 +16,7 @@ import sys
 from functools import partial
 from typing import TYPE_CHECKING, Any, TextIO
 
+from devplug._text import os_error_text
 from devplug.logging import configure as configure_logging
 
 if TYPE_CHECKING:
@@ -141,8 +142,11 @@ def _guarded(kubelet: FakeKubelet, serve: Callable[[], int]) -> int:
     lock = DirectoryLock(kubelet.socket_path.parent)
     try:
         lock.acquire()
-    except (Taken, OSError) as exc:
+    except Taken as exc:
         print(f"devplug kubelet: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"devplug kubelet: {os_error_text(exc)}", file=sys.stderr)
         return 2
     try:
         return serve()
@@ -193,7 +197,7 @@ def _run(serving: Callable[[], Awaitable[None]]) -> int:
         print("devplug kubelet: interrupted", file=sys.stderr)
         return 130
     except OSError as exc:
-        print(f"devplug kubelet: {exc}", file=sys.stderr)
+        print(f"devplug kubelet: {os_error_text(exc)}", file=sys.stderr)
         return 2
     return 0
 

@@ -107,6 +107,16 @@ def test_a_directory_too_deep_for_a_socket_is_one_line(short_dir: Path) -> None:
     assert result.stderr.count("\n") == 1
 
 
+def test_a_directory_it_cannot_make_is_one_sentence(short_dir: Path) -> None:
+    (short_dir / "file").write_text("")
+    result = devplug_kubelet("--dir", str(short_dir / "file" / "dp"))
+    assert result.returncode == 2
+    assert (
+        result.stderr
+        == f"devplug kubelet: {short_dir / 'file' / 'dp'}: a part of the path is not a directory\n"
+    )
+
+
 def test_kubelet_needs_a_directory() -> None:
     result = devplug_kubelet()
     assert result.returncode == 2
