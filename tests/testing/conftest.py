@@ -51,6 +51,8 @@ class RawPlugin:
         self.devices: RawList = devices if devices is not None else [("dev-0", "Healthy", ())]
         self.info = info  # set: also serve pluginregistration.Registration on this socket
         self.info_delay = 0.0
+        self.notify_delay = 0.0
+        self.notify_calls = 0
         self.options_error: str | None = None
         self.allocate_handler: (
             Callable[[pb.AllocateRequest, Context], Awaitable[pb.AllocateResponse]] | None
@@ -223,6 +225,8 @@ class _WatcherRegistration:
     async def NotifyRegistrationStatus(
         self, request: reg_pb.RegistrationStatus, context: Context
     ) -> reg_pb.RegistrationStatusResponse:
+        self.p.notify_calls += 1
+        await anyio.sleep(self.p.notify_delay)
         self.p.statuses.append((request.plugin_registered, request.error))
         self.p._bump()
         return reg_pb.RegistrationStatusResponse()

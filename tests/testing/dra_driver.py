@@ -67,6 +67,7 @@ class RawDraDriver:
         # What the kubelet did to us.
         self.statuses: list[tuple[bool, str]] = []
         self.info_calls = 0
+        self.notify_calls = 0
         self.calls: list[tuple[str, str, list[str]]] = []  # (package version, method, claim UIDs)
         self.health_streams: list[str] = []  # the service of each stream opened
         self._version = 0
@@ -226,6 +227,7 @@ class _Registration:
     async def NotifyRegistrationStatus(
         self, request: reg_pb.RegistrationStatus, context: Context
     ) -> reg_pb.RegistrationStatusResponse:
+        self.d.notify_calls += 1
         await anyio.sleep(self.d.notify_delay)
         self.d.statuses.append((request.plugin_registered, request.error))
         self.d._bump()

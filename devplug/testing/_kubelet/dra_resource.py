@@ -62,8 +62,9 @@ class DraRegistration:
     (the plugin's type was then unknown: such failures are recorded for device plugins too).
     ``endpoint`` is ``PluginInfo.endpoint``, or the registration socket when that is empty.
     ``service`` is the DRAPlugin service the kubelet chose. ``error`` is the kubelet's text,
-    as sent with NotifyRegistrationStatus (or why that call failed). ``at`` is
-    ``time.monotonic()`` of the outcome.
+    as sent with NotifyRegistrationStatus (or why that call failed: a kubelet stopped while
+    sending it has registered the plugin all the same, and says ``context canceled``). ``at``
+    is ``time.monotonic()`` of the outcome.
     """
 
     socket: str

@@ -17,7 +17,7 @@ import structlog
 from devplug.testing._kubelet.dra_manager import RegisterError
 from devplug.testing._kubelet.dra_resource import DraRegistration
 from devplug.testing._kubelet.dra_validation import validate_dra_plugin
-from devplug.testing._kubelet.validation import go_rpc_error
+from devplug.testing._kubelet.validation import STATUS_CUT_BY_STOP, go_rpc_error, status_not_sent_error
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -74,10 +74,21 @@ class DraRegistrar:
                 path, driver, endpoint=endpoint, services=services, service=service, error=failed or error
             )
             return True
-        failed = await self._notify(client, path, True, "")
-        self._record(
-            path, driver, endpoint=endpoint, services=services, service=service, error=failed, accepted=True
-        )
+        # Stopped while the status is on its way, the plugin was registered (and may have
+        # been called) all the same: it counts as accepted, with the status unsent.
+        failed = status_not_sent_error(path, STATUS_CUT_BY_STOP)
+        try:
+            failed = await self._notify(client, path, True, "")
+        finally:
+            self._record(
+                path,
+                driver,
+                endpoint=endpoint,
+                services=services,
+                service=service,
+                error=failed,
+                accepted=True,
+            )
         return True
 
     def failed(self, path: str, error: str) -> None:
@@ -96,9 +107,7 @@ class DraRegistrar:
         except grpc.aio.AioRpcError as exc:
             rpc = go_rpc_error(exc.code().name, exc.details() or "")
             if registered:
-                return (
-                    f"RegisterPlugin error -- failed to send registration status at socket {path}, err: {rpc}"
-                )
+                return status_not_sent_error(path, rpc)
             return f"RegisterPlugin error -- failed to send error at socket {path}, err: {error}: {rpc}"
         return None
 

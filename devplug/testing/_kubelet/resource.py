@@ -25,7 +25,9 @@ class Registration:
     ``resource`` is empty too. ``version`` is the requested version, or the plugin's supported
     versions joined with commas for the watcher. ``options`` are RegisterRequest's for
     ``via="register"`` and GetDevicePluginOptions' for the watcher (defaults when not reached).
-    ``error`` is the kubelet's text. ``at`` is ``time.monotonic()`` of the attempt's outcome.
+    ``error`` is the kubelet's text (through the watcher, a kubelet stopped while it sent the
+    registration status has registered the plugin all the same, and says ``context canceled``).
+    ``at`` is ``time.monotonic()`` of the attempt's outcome.
     ``serving_at_register`` says whether the endpoint socket accepted connections at the moment
     ``Register`` arrived (``None`` for the watcher, which only dials sockets it found): kubelet
     >= 1.26 dials the plugin during Register, so a plugin must serve first. The fake kubelet

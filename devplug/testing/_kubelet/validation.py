@@ -118,3 +118,13 @@ def go_rpc_error(code_name: str, details: str) -> str:
     """
     go_name = _GO_CODE_NAMES.get(code_name) or "".join(p.capitalize() for p in code_name.split("_"))
     return f"rpc error: code = {go_name} desc = {details}"
+
+
+def status_not_sent_error(path: str, rpc: str) -> str:
+    """The kubelet's text when NotifyRegistrationStatus(registered=true) failed with ``rpc``."""
+    return f"RegisterPlugin error -- failed to send registration status at socket {path}, err: {rpc}"
+
+
+STATUS_CUT_BY_STOP = go_rpc_error("CANCELLED", "context canceled")
+"""Why a registration status was never sent when the kubelet stopped (or the plugin's socket
+went) while sending it: the plugin was registered all the same, and is recorded with this."""

@@ -29,7 +29,13 @@ from devplug.models import PluginOptions
 from devplug.testing._kubelet.devices import ConnectError
 from devplug.testing._kubelet.resource import Registration
 from devplug.testing._kubelet.rpc import DialError, RegistrationInfoClient, dial
-from devplug.testing._kubelet.validation import DEVICE_PLUGIN_TYPE, go_rpc_error, validate_plugin_info
+from devplug.testing._kubelet.validation import (
+    DEVICE_PLUGIN_TYPE,
+    STATUS_CUT_BY_STOP,
+    go_rpc_error,
+    status_not_sent_error,
+    validate_plugin_info,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -257,8 +263,13 @@ class PluginWatcher:
             with anyio.CancelScope(shield=True):
                 await self._manager.disconnect(connected)
             return True
-        notify_error = await self._notify(client, path, True, "")
-        self._record(name, endpoint, versions, connected.options, notify_error, accepted=True)
+        # Stopped while the status is on its way, the plugin was registered (and may have
+        # been called) all the same: it counts as accepted, with the status unsent.
+        notify_error: str | None = status_not_sent_error(path, STATUS_CUT_BY_STOP)
+        try:
+            notify_error = await self._notify(client, path, True, "")
+        finally:
+            self._record(name, endpoint, versions, connected.options, notify_error, accepted=True)
         log.info("plugin_registered", resource=name, socket=path, endpoint=endpoint)
         return True
 
@@ -274,7 +285,7 @@ class PluginWatcher:
             await client.notify(registered, error, deadline=_NOTIFY_TIMEOUT)
         except grpc.aio.AioRpcError as exc:
             rpc = go_rpc_error(exc.code().name, exc.details() or "")
-            return f"RegisterPlugin error -- failed to send registration status at socket {path}, err: {rpc}"
+            return status_not_sent_error(path, rpc)
         return None
 
     def _record(

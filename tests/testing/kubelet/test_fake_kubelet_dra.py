@@ -184,6 +184,7 @@ async def test_sockets_present_at_start_register_and_again_after_restart(
     driver = await make_dra_driver()
     kubelet = FakeKubelet(short_dir / "dp", plugins_registry_dir=short_dir / "plugins_registry", dra=True)
     async with kubelet:
+        await kubelet.wait_for_dra_registration(DRIVER)  # the status sent, not only usable
         await kubelet.wait_for_usable(DRIVER)
         await kubelet.prepare(DRIVER, [("default", "c1", "uid-1")])
         assert set(kubelet.prepared_claims) == {"uid-1"}
@@ -194,6 +195,34 @@ async def test_sockets_present_at_start_register_and_again_after_restart(
         await kubelet.wait_for_usable(DRIVER)
         assert await statuses(driver, count=2) == [(True, ""), (True, "")]
         assert len(kubelet.dra_drivers[DRIVER]) == 1
+
+
+async def test_a_restart_while_the_status_is_sent_still_counts_the_registration(
+    short_dir: Path, make_dra_driver: MakeDraDriver
+) -> None:
+    """A driver is usable (and may be called) before its registration status is sent: a kubelet
+    stopped in between has registered it all the same, and the next registration is the second.
+    (The kubelet used to record nothing then, and waiting for registration 2 timed out.)"""
+    driver = await make_dra_driver()
+    driver.notify_delay = 30
+    kubelet = FakeKubelet(short_dir / "dp", plugins_registry_dir=short_dir / "plugins_registry", dra=True)
+    async with kubelet:
+        await kubelet.wait_for_usable(DRIVER)
+        assert kubelet.dra_registrations == []
+        await wait_until(lambda: driver.notify_calls == 1)  # the status is being sent
+        driver.notify_delay = 0
+        await kubelet.restart()
+        first, second = (
+            await kubelet.wait_for_dra_registration(DRIVER, count=1),
+            await kubelet.wait_for_dra_registration(DRIVER, count=2),
+        )
+    assert first.accepted
+    assert first.error == (
+        f"RegisterPlugin error -- failed to send registration status at socket {driver.reg_socket}, "
+        "err: rpc error: code = Canceled desc = context canceled"
+    )
+    assert (second.accepted, second.error) == (True, None)
+    assert driver.statuses == [(True, "")]
 
 
 async def test_without_dra_mode_the_type_has_no_handler(

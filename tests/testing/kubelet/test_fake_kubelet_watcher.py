@@ -69,6 +69,32 @@ async def test_sockets_present_at_start_are_picked_up(short_dir: Path, make_plug
         await kubelet.wait_for_devices(RESOURCE)
 
 
+async def test_a_restart_while_the_status_is_sent_still_counts_the_registration(
+    short_dir: Path, make_plugin: MakePlugin
+) -> None:
+    """The kubelet streams devices before it sends the registration status: stopped in between,
+    it has registered the plugin all the same, and the next registration is the second."""
+    (short_dir / "reg").mkdir()
+    socket = short_dir / "reg" / "widget.sock"
+    plugin = await make_plugin(socket, RESOURCE, info=info())
+    plugin.notify_delay = 30
+    async with FakeKubelet(short_dir / "dp", plugins_registry_dir=short_dir / "reg") as kubelet:
+        await kubelet.wait_for_devices(RESOURCE)
+        assert kubelet.registrations == []
+        await wait_until(lambda: plugin.notify_calls == 1)  # the status is being sent
+        plugin.notify_delay = 0
+        await kubelet.restart()
+        second = await kubelet.wait_for_registration(RESOURCE, count=2)
+        first = kubelet.registrations[0]
+    assert first.accepted
+    assert first.error == (
+        f"RegisterPlugin error -- failed to send registration status at socket {socket}, "
+        "err: rpc error: code = Canceled desc = context canceled"
+    )
+    assert (second.accepted, second.error) == (True, None)
+    assert plugin.statuses == [(True, "")]
+
+
 async def test_a_separate_absolute_endpoint_is_dialled(
     fake_kubelet: FakeKubelet, make_plugin: MakePlugin
 ) -> None:
