@@ -73,14 +73,21 @@ def install_signals(prog: str) -> None:
     _state.prog = prog
     if threading.current_thread() is not threading.main_thread():
         return
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, _handler)
     if not _state.installed:
         # The interpreter's finalization puts the default action back for every Python
         # handler (not for an ignored signal): a signal in the last milliseconds would kill
-        # the process after its clean-up, with 128 + the signal instead of its status.
+        # the process after its clean-up, with 128 + the signal instead of its status. So
+        # before any handler: a signal caught now may already end the process.
         atexit.register(_ignore_stop_signals)
-    _state.installed = True
+    # Both handlers at once, with the two signals held back meanwhile: a SIGINT just after
+    # SIGTERM's handler was set would meet Python's own (a KeyboardInterrupt traceback).
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, _handler)
+        _state.installed = True
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _ignore_stop_signals() -> None:
@@ -158,6 +165,11 @@ def run_async(main: Callable[[], Awaitable[None]]) -> None:
     """
     import anyio
 
+    if _state.interrupted and not _state.served:
+        # A stop signal came before, and its Interrupted was lost on the way: raised where
+        # Python swallows exceptions (a finalizer, a weakref callback: "Exception ignored"),
+        # with every later signal ignored. Starting now would serve with no way to stop it.
+        raise Interrupted
     stopped = False
 
     async def guarded() -> None:
@@ -171,12 +183,16 @@ def run_async(main: Callable[[], Awaitable[None]]) -> None:
             scope.cancel()
 
         with _routed(on_signal, STOP_SIGNALS), scope:
+            if _state.interrupted:  # the same, between the test above and the routing
+                _state.stop_requested = True
+                on_signal(signal.SIGTERM)
             await main()
 
     anyio.run(guarded, backend="asyncio")
-    if stopped and not _state.served and not _state.interrupted:
-        _state.interrupted = True
-        print(f"{_state.prog}: interrupted", flush=True, file=sys.stderr)
+    if stopped and not _state.served:
+        if not _state.interrupted:
+            _state.interrupted = True
+            print(f"{_state.prog}: interrupted", flush=True, file=sys.stderr)
         raise Interrupted
 
 

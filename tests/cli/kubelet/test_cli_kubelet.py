@@ -234,12 +234,16 @@ async def test_a_signal_while_it_starts_ends_the_start_in_one_line(short_dir: Pa
         where = ["--dra", "--kubelet-root", str(short_dir / "k")]
     command = [sys.executable, "-m", "devplug", "kubelet", *where]
     async with await anyio.open_process(command, cwd=ROOT, stderr=subprocess.STDOUT) as process:
-        await until_main(process.pid, 30)
-        signal_child(process, signal.SIGINT)
-        await anyio.sleep(0.005)
-        signal_child(process, signal.SIGTERM)
-        with anyio.fail_after(30):
-            status = await process.wait()
+        try:
+            await until_main(process.pid, 30)
+            signal_child(process, signal.SIGINT)
+            await anyio.sleep(0.005)
+            signal_child(process, signal.SIGTERM)
+            with anyio.fail_after(30):
+                status = await process.wait()
+        finally:
+            if process.returncode is None:  # it served on: kill it, or leaving this block waits for ever
+                signal_child(process, signal.SIGKILL)
         assert process.stdout is not None
         output = b"".join([chunk async for chunk in process.stdout]).decode()
     assert "Traceback" not in output
