@@ -109,6 +109,8 @@ class _Tracker:
     last_result_at: float = 0.0
     held: bool = False
     flips: deque[float] = field(default_factory=deque)
+    reason: str = ""
+    """Why the device has its health: the reason of its last change."""
 
 
 class HealthPolicy:
@@ -129,6 +131,12 @@ class HealthPolicy:
         """The health reported for ``device_id`` now; None for a device never observed."""
         tracker = self._devices.get(device_id)
         return tracker.health if tracker is not None else None
+
+    def reason(self, device_id: str) -> str:
+        """Why ``device_id`` has the health reported now: the reason of its last change (with
+        the check's own after ``last:``); empty for a device never changed or observed."""
+        tracker = self._devices.get(device_id)
+        return tracker.reason if tracker is not None else ""
 
     def observe(
         self, device_id: str, result: Signal | Health | bool | None, now: float, *, reason: str | None = None
@@ -206,7 +214,8 @@ class HealthPolicy:
         """
         devices = list(devices)
         for device in devices:
-            self.observe(device.id, None if device.id in unknown else device.health, now)
+            result = None if device.id in unknown else device.health
+            self.observe(device.id, result, now, reason=device.health_message or None)
         present = {d.id for d in devices}
         for gone in [i for i in self._devices if i not in present]:
             del self._devices[gone]
@@ -217,8 +226,16 @@ class HealthPolicy:
         self.tick(now)
         result = []
         for device in devices:
-            health = self.health(device.id)
-            result.append(device if health is None or health is device.health else device.with_health(health))
+            tracker = self._devices.get(device.id)
+            if tracker is None:
+                result.append(device)
+            elif tracker.health is Health.UNHEALTHY:
+                # Why it is reported Unhealthy: the policy's reason, with the check's own.
+                result.append(device.with_health(Health.UNHEALTHY, tracker.reason))
+            elif device.health is not Health.HEALTHY:
+                result.append(device.with_health(Health.HEALTHY))  # a failure not acted on (yet)
+            else:
+                result.append(device)
         return result
 
     # -- the rules ---------------------------------------------------------------------------
@@ -255,7 +272,7 @@ class HealthPolicy:
         """Why a Healthy device is now Unhealthy, or None."""
         s = self.settings
         if t.fails >= s.unhealthy_after:
-            return f"{t.fails} consecutive failed checks"
+            return "a failed check" if t.fails == 1 else f"{t.fails} consecutive failed checks"
         if unknown is not None and now - unknown >= s.unknown_timeout:
             return f"unknown for {now - unknown:g}s"
         return None
@@ -274,7 +291,8 @@ class HealthPolicy:
             return f"good for {stable:g}s after flapping"
         if stable < s.recovery_cooldown:
             return None
-        return f"{t.oks} consecutive good checks over {stable:g}s"
+        checks = "a good check" if t.oks == 1 else f"{t.oks} consecutive good checks"
+        return f"{checks} over {stable:g}s"
 
     def _change(
         self, device_id: str, t: _Tracker, health: Health, reason: str, now: float
@@ -295,6 +313,7 @@ class HealthPolicy:
             reason = f"{reason}; {note}"
         t.flips.append(now)
         t.health = health
+        t.reason = reason
         if health is Health.UNHEALTHY:
             t.fails = 0
         self._log.info("health_changed", device=device_id, health=health.value, reason=reason)

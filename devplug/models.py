@@ -238,6 +238,11 @@ class Device(_Frozen):
     """The device ID the kubelet schedules and later passes back to ``allocate``."""
     health: Health = Health.HEALTHY
     """Whether the kubelet may hand this device to new containers."""
+    health_message: str = ""
+    """Why the device has its health, in a sentence (``"XID 79: the GPU fell off the bus"``).
+    DRA sends it with the health (a kubelet >= 1.36 shows it in the pod's status, cut at 1024
+    bytes); an Unhealthy device without one is sent with a message saying the plugin gave no
+    reason. The device-plugin API has no place for it."""
     numa_nodes: tuple[int, ...] = ()
     """The host NUMA nodes the device is attached to; empty for no topology."""
     attributes: dict[str, AttributeValue] = Field(default_factory=dict)
@@ -341,9 +346,10 @@ class Device(_Frozen):
     def healthy(self) -> bool:
         return self.health is Health.HEALTHY
 
-    def with_health(self, health: Health) -> "Device":
-        """A copy of this device with another health."""
-        return self.model_copy(update={"health": health})
+    def with_health(self, health: Health, message: str = "") -> "Device":
+        """A copy of this device with another health, and ``message`` saying why (the
+        device's ``health_message``; empty: none)."""
+        return self.model_copy(update={"health": health, "health_message": message})
 
 
 class DeviceSpec(_Frozen):

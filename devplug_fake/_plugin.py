@@ -85,7 +85,8 @@ class FakePlugin(DevicePlugin):
                 and t >= flap.first_at
                 and (t - flap.first_at) % flap.every < flap.down_for
             ):
-                devices[flap.device] = devices[flap.device].with_health(Health.UNHEALTHY)
+                why = f"health flap: Unhealthy for {flap.down_for:g} s every {flap.every:g} s"
+                devices[flap.device] = devices[flap.device].with_health(Health.UNHEALTHY, why)
         return list(devices.values())
 
     def next_change_after(self, t: float) -> float:

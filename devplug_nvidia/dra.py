@@ -153,7 +153,13 @@ class NvidiaDraPlugin(DevicePlugin):
             return self.devices
         health = self.health
         return [
-            d.model_copy(update={"health": health.health(d.id), "taints": health.taints(d.id)})
+            d.model_copy(
+                update={
+                    "health": health.health(d.id),
+                    "health_message": health.health_message(d.id),
+                    "taints": health.taints(d.id),
+                }
+            )
             for d in self.devices
         ]
 

@@ -28,7 +28,7 @@ from devplug._proto.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_gr
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
 from devplug._runtime.telemetry import RpcStats
-from devplug.models import ClaimRef
+from devplug.models import ClaimRef, Device
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -48,6 +48,10 @@ v1 comes first; 1.37 prefers v1 health and 1.34-1.36 open v1alpha1."""
 HEALTH_RESEND = 10.0
 HEALTH_TIMEOUT = 30
 """Seconds a report holds (``health_check_timeout_seconds``, kubelet >= 1.35)."""
+HEALTH_MESSAGE_BYTES = 1024
+"""The longest health message a kubelet keeps (``ResourceHealthMessageMaxLength``, in bytes as
+Go counts them); a longer one is cut to 1021 bytes and ``...``, here, before it is sent."""
+NO_REASON = "reported Unhealthy by its driver, which gave no reason"
 METHODS = ("NodePrepareResources", "NodeUnprepareResources")
 
 
@@ -151,10 +155,22 @@ class HealthService:
                     health=pb.HealthStatus.HEALTHY if e.device.healthy else pb.HealthStatus.UNHEALTHY,
                     last_updated_time=now,
                     health_check_timeout_seconds=HEALTH_TIMEOUT,
+                    message=health_message(e.device),
                 )
                 for e in snapshot.entries
             ]
         )
+
+
+def health_message(device: Device) -> str:
+    """The ``message`` sent with ``device``'s health: its own (cut to what a kubelet keeps), or,
+    for an Unhealthy device without one, :data:`NO_REASON`."""
+    text = device.health_message or ("" if device.healthy else NO_REASON)
+    data = text.encode()
+    if len(data) <= HEALTH_MESSAGE_BYTES:
+        return text
+    # Cut on a character boundary: the kubelet would cut inside one.
+    return data[: HEALTH_MESSAGE_BYTES - 3].decode(errors="ignore") + "..."
 
 
 class RegistrationService(reg_pb_grpc.RegistrationServicer):  # type: ignore[misc]

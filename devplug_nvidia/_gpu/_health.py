@@ -203,6 +203,15 @@ class HealthMonitor:
             return "recovered"
         return self._labels.get(uuid, "unspecified")
 
+    def health_message(self, uuid: str) -> str:
+        """Why the device is Unhealthy, in a sentence (what failed it, and how the policy
+        judged it); empty while it is Healthy."""
+        if uuid in self._fatal:
+            return self._fatal[uuid]
+        if self.health(uuid) is Health.HEALTHY:
+            return ""
+        return self._policy.reason(uuid)
+
     def fatal_reason(self, uuid: str) -> str | None:
         """Why the device is Unhealthy for good, or None."""
         return self._fatal.get(uuid)

@@ -113,6 +113,32 @@ async def test_health_taints_and_the_health_stream(api: FakeKubeAPI, short_dir: 
             api.allocate_claim("ns", "c", node=NODE, driver=DRIVER, count=4)  # w2 is tainted
 
 
+async def test_each_unhealthy_device_is_sent_with_a_message_saying_why(
+    api: FakeKubeAPI, short_dir: Path
+) -> None:
+    plugin = Widgets()
+    async with driving([plugin], api, short_dir) as driver, health_stream(driver.dra_socket) as stream:
+        first = await stream.read()
+        assert {d.device.device_name: d.message for d in first.devices} == dict.fromkeys(
+            ["w0", "w1", "w2", "w3"], ""
+        )
+        long = "température " * 100  # 1300 bytes of UTF-8, the cut falling inside an "é"
+        devices = {d.id: d for d in plugin.devices}
+        devices["w1"] = devices["w1"].with_health(Health.UNHEALTHY, "XID 79: the GPU fell off the bus")
+        devices["w2"] = devices["w2"].with_health(Health.UNHEALTHY)
+        devices["w3"] = devices["w3"].with_health(Health.UNHEALTHY, long)
+        plugin.set_devices(list(devices.values()))
+        with anyio.fail_after(2):
+            changed = await stream.read()
+        messages = {d.device.device_name: d.message for d in changed.devices}
+        assert messages["w0"] == ""
+        assert messages["w1"] == "XID 79: the GPU fell off the bus"
+        assert messages["w2"] == "reported Unhealthy by its driver, which gave no reason"
+        cut = messages["w3"]
+        assert cut.endswith("...") and long.startswith(cut[:-3])
+        assert 1020 <= len(cut.encode()) <= 1024  # what the kubelet keeps, cut on a character boundary
+
+
 async def test_without_device_taints_an_unhealthy_device_is_left_out(short_dir: Path) -> None:
     plugin = Widgets()
     async with FakeKubeAPI(device_taints=False) as api:

@@ -37,6 +37,8 @@ def test_timeline_and_flaps() -> None:
     assert view(2.5) == [("fake-0", "H"), ("fake-1", "H"), ("new", "H")]
     assert view(4.2) == [("fake-0", "H"), ("fake-1", "U"), ("new", "H")]
     assert view(6) == [("fake-1", "H"), ("new", "H")]
+    flapped = {d.id: d.health_message for d in plugin.devices_at(base, 1.5)}
+    assert flapped == {"fake-0": "", "fake-1": "health flap: Unhealthy for 1 s every 3 s"}
     # The next instant anything changes, so the plugin sleeps exactly until then.
     assert [plugin.next_change_after(t) for t in (0, 1, 1.5, 2, 4.5, 5)] == [1, 2, 2, 4, 5, 7]
     assert FakePlugin(FakeResource()).next_change_after(0) == math.inf

@@ -136,7 +136,7 @@ def test_each_change_is_logged_with_its_reason() -> None:
         assert policy.tick(8)[0].health is H
     assert [(e["event"], e["health"], e["reason"]) for e in logs] == [
         ("health_changed", "Unhealthy", "2 consecutive failed checks (last: XID 79)"),
-        ("health_changed", "Healthy", "1 consecutive good checks over 5s"),
+        ("health_changed", "Healthy", "a good check over 5s"),
     ]
 
 
@@ -151,6 +151,26 @@ def test_update_and_reported_over_device_lists() -> None:
     policy.update([Device(id="a")], 13)  # b is gone: forgotten
     assert policy.health("b") is None
     assert policy.update([sick], 14)[0].health is U  # back, and its first result is taken as is
+
+
+def test_a_device_reported_unhealthy_says_why_and_a_failure_not_acted_on_says_nothing() -> None:
+    policy = HealthPolicy(HealthSettings(unhealthy_after=2, unknown_timeout=10))
+    hot = Device(id="b", health=U, health_message="95 C")
+    first = policy.update([Device(id="a"), hot], 0)
+    assert [(d.health, d.health_message) for d in first] == [(H, ""), (U, "first check failed (last: 95 C)")]
+    policy.update([Device(id="a"), Device(id="b")], 1)
+    held = policy.update([Device(id="a"), Device(id="b")], 2)
+    assert [d.health for d in held] == [H, U]
+    assert held[1].health_message == "first check failed (last: 95 C)"  # no recovery yet
+
+    other = HealthPolicy(HealthSettings(unhealthy_after=2))
+    other.update([Device(id="a")], 0)
+    once = other.update([Device(id="a", health=U, health_message="95 C")], 1)
+    assert [(d.health, d.health_message) for d in once] == [(H, "")]  # one failure of two
+    twice = other.update([Device(id="a", health=U, health_message="96 C")], 2)
+    assert [(d.health, d.health_message) for d in twice] == [(U, "2 consecutive failed checks (last: 96 C)")]
+    unknown = other.update([Device(id="a")], 3, unknown={"a"})
+    assert unknown[0].health_message == "2 consecutive failed checks (last: 96 C)"
 
 
 def test_next_deadline() -> None:

@@ -64,6 +64,7 @@ class RawDraDriver:
         self.prepare_handler: PrepareHandler | None = None
         self.unprepare_handler: PrepareHandler | None = None
         self.health: list[HealthEntry] = [(NODE, "dev-0", 1, 0)]
+        self.health_messages: dict[str, str] = {}  # device → the message sent with its health
         # What the kubelet did to us.
         self.statuses: list[tuple[bool, str]] = []
         self.info_calls = 0
@@ -205,6 +206,7 @@ class _Health:
                             device=self.pb.DeviceIdentifier(pool_name=pool, device_name=device),
                             health=health,
                             health_check_timeout_seconds=timeout,
+                            message=d.health_messages.get(device, ""),
                         )
                         for pool, device, health, timeout in d.health
                     ]

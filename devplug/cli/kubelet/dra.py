@@ -163,8 +163,13 @@ def _state(kubelet: FakeKubelet) -> tuple[dict[str, Instances], dict[str, Health
     health: dict[str, Health] = {}
     for driver in drivers:
         view = kubelet.health(driver)
+        messages = kubelet.health_messages(driver)
         if view:
-            health[driver] = dict(view)
+            # Why a device is not Healthy goes with its state: "Unhealthy (XID 79: ...)".
+            health[driver] = {
+                key: f"{state} ({messages[key]})" if state != "Healthy" and messages.get(key) else state
+                for key, state in view.items()
+            }
     return instances, health
 
 

@@ -97,6 +97,15 @@ class DraActions:
         """
         return self._dra_manager.health.view(driver, time.monotonic())
 
+    def health_messages(self, driver: str) -> dict[tuple[str, str], str]:
+        """The kubelet's health message of each device of ``driver``: ``(pool, device)`` → why
+        it has its health (kubelet >= 1.36 shows it in the pod's status).
+
+        As the kubelet keeps it: cut to 1024 bytes, and empty once the device reads
+        ``"Unknown"``.
+        """
+        return self._dra_manager.health.messages(driver, time.monotonic())
+
     # -- waits ---------------------------------------------------------------------------------
 
     async def wait_for_dra(self, predicate: Callable[[], bool], *, timeout: float = 5.0) -> None:

@@ -26,6 +26,19 @@ class _Entry:
     health: HealthName
     received: float
     timeout: float | None  # None: the kubelet's default, read when asked
+    message: str = ""
+
+
+MESSAGE_BYTES = 1024
+"""``ResourceHealthMessageMaxLength``: the kubelet cuts a longer message to 1021 bytes and ``...``."""
+
+
+def kept_message(message: str) -> str:
+    """``message`` as the kubelet keeps it (``truncateHealthMessage``: Go counts bytes)."""
+    data = message.encode()
+    if len(data) <= MESSAGE_BYTES:
+        return message
+    return data[: MESSAGE_BYTES - 3].decode(errors="replace") + "..."
 
 
 class HealthCache:
@@ -41,7 +54,9 @@ class HealthCache:
         devices = self._drivers.setdefault(driver, {})
         for report in reports:
             timeout = float(report.timeout_seconds) if report.timeout_seconds > 0 else None
-            devices[(report.pool, report.device)] = _Entry(report.health, now, timeout)
+            devices[(report.pool, report.device)] = _Entry(
+                report.health, now, timeout, kept_message(report.message)
+            )
 
     def clear(self, driver: str) -> None:
         """Forget ``driver`` (its stream ended)."""
@@ -54,6 +69,14 @@ class HealthCache:
         """Each known device of ``driver`` and its health at ``now``."""
         return {
             key: "Unknown" if now - entry.received > self._timeout(entry) else entry.health
+            for key, entry in self._drivers.get(driver, {}).items()
+        }
+
+    def messages(self, driver: str, now: float) -> dict[DeviceKey, str]:
+        """Each known device of ``driver`` and its health message at ``now`` (empty when its
+        health reads ``Unknown``, as the kubelet clears it)."""
+        return {
+            key: "" if now - entry.received > self._timeout(entry) else entry.message
             for key, entry in self._drivers.get(driver, {}).items()
         }
 

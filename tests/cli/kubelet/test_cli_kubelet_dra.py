@@ -107,11 +107,12 @@ async def test_kubelet_dra_prints_what_it_learns(short_dir: Path, stop: signal.S
                 seen,
             )
             # One health change: the kubelet's health stream and the published taint, one line each.
-            write_state(state, [{"id": "fake-0"}, {"id": "fake-1", "health": "Unhealthy"}])
+            sick = {"id": "fake-1", "health": "Unhealthy", "health_message": "fan stopped"}
+            write_state(state, [{"id": "fake-0"}, sick])
             await read_all(
                 out,
                 [
-                    f"{DRIVER} health: {NODE}/fake-1 Healthy -> Unhealthy\n",
+                    f"{DRIVER} health: {NODE}/fake-1 Healthy -> Unhealthy (fan stopped)\n",
                     f"{DRIVER} pool: fake-1 tainted {DRIVER}/unhealthy:NoSchedule\n",
                 ],
                 seen,
@@ -123,7 +124,7 @@ async def test_kubelet_dra_prints_what_it_learns(short_dir: Path, stop: signal.S
                     f"{DRIVER} pool: 3 devices: fake-0, fake-1, fake-2\n",
                     f"{DRIVER} pool: added fake-2\n",
                     f"{DRIVER} pool: fake-1 taint {DRIVER}/unhealthy:NoSchedule removed\n",
-                    f"{DRIVER} health: {NODE}/fake-1 Unhealthy -> Healthy\n",
+                    f"{DRIVER} health: {NODE}/fake-1 Unhealthy (fan stopped) -> Healthy\n",
                     f"{DRIVER} health: {NODE}/fake-2 unreported -> Healthy\n",
                 ],
                 seen,

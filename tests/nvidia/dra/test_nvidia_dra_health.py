@@ -100,6 +100,9 @@ async def test_a_recoverable_xid_taints_the_gpu_until_the_quiet_period_is_over(s
         assert not any(taints[f"gpu-{i}"] for i in (1, 2, 3))
         health = await n.wait_health(lambda h: h.get("gpu-0") == "Unhealthy")
         assert health == {**everyone, "gpu-0": "Unhealthy"}
+        messages = n.kubelet.health_messages(DRIVER)
+        assert messages[(NODE, "gpu-0")] == "a failed check (last: XID 94)"
+        assert not any(messages[(NODE, f"gpu-{i}")] for i in (1, 2, 3))
         # Quiet for the cooldown: the taint goes and the kubelet hears Healthy again.
         await n.wait_taints(lambda t: not any(t.values()))
         await n.wait_health(lambda h: h == everyone)
@@ -117,6 +120,8 @@ async def test_a_fatal_xid_stays_while_a_later_recoverable_one_recovers(short_di
         assert taints["gpu-0"] == [{"key": XID, "value": "79", "effect": "NoSchedule"}]
         health = await n.wait_health(lambda h: h.get("gpu-1") == "Healthy")
         assert health["gpu-0"] == "Unhealthy"
+        # Failed for good: the message is the event that did it.
+        assert n.kubelet.health_messages(DRIVER)[(NODE, "gpu-0")] == "XID 79"
 
 
 async def test_a_harmless_xid_is_an_informational_taint_and_goes_after_the_quiet_period(

@@ -60,6 +60,21 @@ async def test_a_device_not_reported_again_becomes_unknown(
     await dra_kubelet.wait_for_health(DRIVER, lambda h: h == {DEV0: "Healthy", DEV1: "Healthy"})
 
 
+async def test_health_messages_are_kept_as_the_kubelet_keeps_them(
+    dra_kubelet: FakeKubelet, make_dra_driver: MakeDraDriver
+) -> None:
+    dra_kubelet.health_timeout = 0.5
+    driver = await make_dra_driver()
+    driver.health_messages = {"dev-0": "XID 79", "dev-1": "x" * 2000}
+    driver.set_health([(NODE, "dev-0", 2, 0), (NODE, "dev-1", 2, 30)])
+    await dra_kubelet.wait_for_health(DRIVER, lambda h: h == {DEV0: "Unhealthy", DEV1: "Unhealthy"})
+    # Cut to 1024 bytes, as the kubelet's truncateHealthMessage does.
+    assert dra_kubelet.health_messages(DRIVER) == {DEV0: "XID 79", DEV1: "x" * 1021 + "..."}
+    # Once a device reads Unknown its message is gone too; the other keeps its own.
+    await dra_kubelet.wait_for_health(DRIVER, lambda h: h[DEV0] == "Unknown")
+    assert dra_kubelet.health_messages(DRIVER) == {DEV0: "", DEV1: "x" * 1021 + "..."}
+
+
 async def test_a_partial_message_keeps_the_devices_it_leaves_out(
     dra_kubelet: FakeKubelet, make_dra_driver: MakeDraDriver
 ) -> None:
