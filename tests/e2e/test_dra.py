@@ -205,8 +205,8 @@ def test_an_unhealthy_device_is_tainted_and_the_next_claim_gets_another(
 ) -> None:
     """A pod holds a device that turns unhealthy: the device is tainted (or, where the API server
     drops taints, left out), the pod's status shows the device's health (the kubelet reads the
-    driver's health stream: ResourceHealthStatus, beta and on from 1.36), and the next claim gets
-    the other device."""
+    driver's health stream: ResourceHealthStatus, beta and on from 1.36) with the message saying
+    why, and the next claim gets the other device."""
     state = tmp_path / "devices.json"
     state.write_text(json.dumps({"devices": [{"id": "fake-0"}, {"id": "fake-1"}]}))
     with fake_driver(node, tmp_path, "--state-file", str(state)) as driver:
@@ -216,7 +216,8 @@ def test_an_unhealthy_device_is_tainted_and_the_next_claim_gets_another(
             node.run_pod("dra-holder", claims=[{"name": "dev", "resourceClaimTemplateName": "first-fake"}])
             (held,) = allocated_devices(node, "dra-holder")
             (other,) = {"fake-0", "fake-1"} - {held}
-            state.write_text(json.dumps({"devices": [{"id": held, "health": "Unhealthy"}, {"id": other}]}))
+            sick = {"id": held, "health": "Unhealthy", "health_message": "fan stopped"}
+            state.write_text(json.dumps({"devices": [sick, {"id": other}]}))
             if node.minor >= 36:  # DRADeviceTaints: beta and on from 1.36, GA in 1.37
                 wait_for(
                     f"a taint on {held}", lambda: published(node, FAKE_DRIVER).get(held, {}).get("taints")
@@ -239,6 +240,8 @@ def test_an_unhealthy_device_is_tainted_and_the_next_claim_gets_another(
                 ]
                 uid = node.get("resourceclaim", claim_name)["metadata"]["uid"]
                 assert unhealthy["resourceID"].startswith(f"k8s.{FAKE_DRIVER}/claim={uid}"), unhealthy
+                # why, from the health stream's message (ResourceHealthStatusMessage: beta, on, 1.36)
+                assert unhealthy.get("message") == "fan stopped", unhealthy
             else:  # the API server drops taints: devplug leaves the device out of its slices instead
                 wait_for(f"{held} left out", lambda: set(published(node, FAKE_DRIVER)) == {other})
             node.run_pod("dra-healthy", claims=[{"name": "dev", "resourceClaimTemplateName": "healthy-fake"}])
