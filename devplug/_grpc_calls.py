@@ -10,6 +10,12 @@ A fake kubelet lost its plugin watcher that way when a registration socket was d
 the registration status was being sent.
 
 :func:`await_call` awaits a call so that a cancelled scope sees its own cancellation.
+
+On the server side, ``server.stop()`` can return while the tasks of calls that were still
+streaming run on. The event loop cancels them when it closes, and grpc.aio prints a
+``CancelledError`` traceback for each such task. A stop signal landing just as the kubelet
+opened a ListAndWatch stream did that once. :func:`settle_server_calls` ends those tasks first,
+the way grpc ends a cancelled call, without printing.
 """
 
 from __future__ import annotations
@@ -38,3 +44,31 @@ async def await_call(call: Awaitable[T]) -> T:
         # message); a cancellation from outside anyio goes on as grpc raised it.
         await anyio.lowlevel.checkpoint_if_cancelled()
         raise
+
+
+# grpc.aio's names for its per-call tasks (cython/_cygrpc/aio/server.pyx.pxi): the task that
+# runs the servicer method, and the task around it that prints a traceback when it is
+# cancelled while it waits for that one.
+_HANDLER_TASK_PREFIX = "HandleExceptions["
+_WRAPPER_TASK_NAME = "rpc_task"
+
+
+async def settle_server_calls(timeout: float = 1.0) -> int:  # noqa: ASYNC109 - a bound, not a deadline
+    """End the grpc.aio server calls still running in this event loop; call it once every
+    server has stopped, before the loop closes.
+
+    Each call's method is cancelled (grpc logs that at debug level and winds the call down),
+    then both its tasks are awaited for at most ``timeout`` seconds. Returns how many calls
+    were still running.
+    """
+    import asyncio
+
+    me = asyncio.current_task()
+    running = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+    handlers = [t for t in running if t.get_name().startswith(_HANDLER_TASK_PREFIX)]
+    wrappers = [t for t in running if t.get_name() == _WRAPPER_TASK_NAME]
+    for task in handlers:
+        task.cancel()
+    if handlers or wrappers:
+        await asyncio.wait([*handlers, *wrappers], timeout=timeout)
+    return len(handlers)

@@ -186,7 +186,15 @@ def run_async(main: Callable[[], Awaitable[None]]) -> None:
             if _state.interrupted:  # the same, between the test above and the routing
                 _state.stop_requested = True
                 on_signal(signal.SIGTERM)
-            await main()
+            try:
+                await main()
+            finally:
+                # Calls still streaming on a stopped server would be cancelled by the loop's
+                # close, and grpc prints a traceback for each.
+                from devplug._grpc_calls import settle_server_calls
+
+                with anyio.CancelScope(shield=True):
+                    await settle_server_calls()
 
     anyio.run(guarded, backend="asyncio")
     if stopped and not _state.served:
