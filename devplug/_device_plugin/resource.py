@@ -271,6 +271,9 @@ class ResourceRunner:
             seen = self.watcher.creations(kubelet)
             if restart_reason(seen) == "socket_deleted":
                 return "socket_deleted"
+            # Also before the call: a copy whose socket appears while Register is in flight
+            # (or just after) registers after this one, and takes the resource over.
+            successors = self._rivals.successors()
             outcome = await self._watched(
                 register(
                     kubelet,
@@ -306,7 +309,6 @@ class ResourceRunner:
         self.status.last_error = None
         self.status.registrations.append((time.time(), reason))
         log.info("registered", reason=reason, seconds=round(time.monotonic() - started, 4))
-        successors = self._rivals.successors()
 
         def next_reason() -> RestartReason | None:
             why = restart_reason(seen)

@@ -111,3 +111,31 @@ async def test_the_newer_plugin_keeps_its_registration_when_the_older_stops(
             )
             await never_within(lambda: len(accepted(fake_kubelet)) > 2, 1.0, what="a registration again")
             assert fake_kubelet.resource(RESOURCE).devices
+
+
+async def test_a_copy_that_appears_while_register_is_answered_is_a_successor(
+    fake_kubelet: FakeKubelet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another copy's socket appears as the kubelet answers this copy's Register: that copy
+    registers after this one. (It used to be counted as a predecessor, taken for present
+    before the registration, and its end never led to registering again.)"""
+    import devplug._device_plugin.resource as resource_module
+
+    real_register = resource_module.register
+    rival_path = fake_kubelet.device_plugin_dir / "example.com-twice-0badc0de.sock"
+    rival = socket.socket(socket.AF_UNIX)
+
+    async def register_then_a_rival_appears(*args: object, **kwargs: object) -> None:
+        await real_register(*args, **kwargs)  # type: ignore[arg-type]
+        if not rival_path.exists():
+            rival.bind(str(rival_path))
+            rival.listen()
+
+    monkeypatch.setattr(resource_module, "register", register_then_a_rival_appears)
+    with capture_logs() as logs:
+        async with serving(Twice(), fake_kubelet):
+            await wait_until(rival_path.exists, what="the other copy's socket")
+            rival.close()
+            rival_path.unlink()  # the copy that took the resource over stops
+            await wait_until(lambda: len(accepted(fake_kubelet)) == 2, timeout=10, what="a new registration")
+    assert [e["event"] for e in logs if e["event"] == "rival_stopped"] == ["rival_stopped"]
