@@ -69,7 +69,8 @@ class DevicePlugin(abc.ABC):
     dra_standard_attributes: ClassVar[bool] = True
     """DRA: publish devplug's own attributes with every device (``id``: the device ID,
     ``resourceName``, ``numaNode``: the first NUMA node). Off for a driver whose attribute set
-    must match another implementation's exactly."""
+    must match another implementation's exactly. Kubernetes' standard
+    ``resource.kubernetes.io/numaNode`` goes with every device that has a NUMA node either way."""
     remove_cdi_spec_on_stop: bool = False
     """Remove the file written for :meth:`cdi_spec` when the resource stops. Off by default:
     containers that restart after the plugin has stopped still need their devices' edits."""

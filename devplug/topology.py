@@ -17,6 +17,7 @@ import stat
 from pathlib import Path
 
 __all__ = [
+    "NUMA_NODE_ATTRIBUTE",
     "PCIE_ROOT_ATTRIBUTE",
     "PCI_BUS_ID_ATTRIBUTE",
     "char_device_numa_node",
@@ -31,6 +32,10 @@ PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
 to ask for devices behind one root (``matchAttribute``)."""
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 """The standard DRA attribute holding a device's PCI bus ID (``0000:3b:00.0``)."""
+NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
+"""The standard DRA attribute holding a device's NUMA node (an int; KEP-6072, GA in Kubernetes
+1.37): claims align devices of several drivers on one node with ``matchAttribute``. A device with
+no NUMA affinity does not have it (a -1 would match every other such device)."""
 
 DEFAULT_SYSFS = Path("/sys")
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from devplug.models import MAX_ATTRIBUTES, Version
+from devplug.topology import NUMA_NODE_ATTRIBUTE
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -41,6 +42,8 @@ MAX_DEVICES_TAINTED = 64
 MAX_COUNTER_SETS = 8
 ID_ATTRIBUTE = "id"
 NUMA_ATTRIBUTE = "numaNode"
+"""The first NUMA node in the driver's own domain: kept beside the standard
+``resource.kubernetes.io/numaNode`` for selectors written before devplug published that."""
 RESOURCE_ATTRIBUTE = "resourceName"
 UNHEALTHY_TAINT = "unhealthy"
 
@@ -78,10 +81,16 @@ def device_entry(
         attributes[RESOURCE_ATTRIBUTE] = {"string": entry.resource}
         if device.numa_nodes:
             attributes[NUMA_ATTRIBUTE] = {"int": device.numa_nodes[0]}
+    if device.numa_nodes:
+        # Kubernetes' own name, whatever the driver's attribute set: selectors and alignment
+        # across drivers use it (a device's attribute of that name wins).
+        attributes[NUMA_NODE_ATTRIBUTE] = {"int": device.numa_nodes[0]}
+    added = [name for name in attributes if name not in device.attributes]
     attributes.update((name, attribute(value)) for name, value in device.attributes.items())
     if len(attributes) + len(device.capacity) > MAX_ATTRIBUTES:
+        with_ours = f" (with {', '.join(added)})" if added else ""
         raise ValueError(
-            f"device {device.id}: {len(attributes)} attributes (with id, resourceName and numaNode) "
+            f"device {device.id}: {len(attributes)} attributes{with_ours} "
             f"and {len(device.capacity)} capacities pass the limit of {MAX_ATTRIBUTES}"
         )
     out: dict[str, Any] = {"name": entry.name, "attributes": dict(sorted(attributes.items()))}

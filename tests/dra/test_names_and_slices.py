@@ -46,8 +46,8 @@ def test_default_driver_name() -> None:
     assert default_driver_name("nvidia.com/gpu") == "gpu.nvidia.com"
 
 
-def _inventory(devices: list[Device]) -> Inventory:
-    inventory = Inventory([Widgets()])
+def _inventory(devices: list[Device], plugin: Widgets | None = None) -> Inventory:
+    inventory = Inventory([plugin or Widgets()])
     inventory.update(0, devices)
     return inventory
 
@@ -70,6 +70,7 @@ def test_device_entry_attributes_capacity_and_taint() -> None:
         "id": {"string": "fake_0"},
         "model": {"string": "w"},
         "numaNode": {"int": 1},
+        "resource.kubernetes.io/numaNode": {"int": 1},
         "resourceName": {"string": "example.com/widget"},
     }
     assert out["capacity"] == {"memory": {"value": "16Gi"}}
@@ -80,8 +81,24 @@ def test_device_entry_attributes_capacity_and_taint() -> None:
 def test_too_many_attributes_with_the_driver_s_own_is_refused() -> None:
     device = Device(id="w", attributes={f"a{i}": i for i in range(31)})
     entry = _inventory([device]).current.entries[0]
-    with pytest.raises(ValueError, match="limit of 32"):
+    with pytest.raises(ValueError, match=r"33 attributes \(with id, resourceName\) and 0 .* limit of 32"):
         device_entry(entry, "widget.example.com", taint_unhealthy=True)
+
+
+class _Plain(Widgets):
+    dra_standard_attributes = False
+
+
+def test_the_standard_numa_node_goes_with_every_device_that_has_one() -> None:
+    # Kubernetes' own name (KEP-6072), also where devplug's attributes are off; none without a node.
+    plain = _inventory([Device(id="a", numa_nodes=(1, 0)), Device(id="b")], plugin=_Plain())
+    a, b = (device_entry(e, "widget.example.com", taint_unhealthy=True) for e in plain.current.entries)
+    assert a["attributes"] == {"resource.kubernetes.io/numaNode": {"int": 1}}
+    assert b["attributes"] == {}
+    # A device's own attribute of that name wins.
+    own = Device(id="c", numa_node=1, attributes={"resource.kubernetes.io/numaNode": 3})
+    (c,) = (device_entry(e, "w", taint_unhealthy=True) for e in _inventory([own]).current.entries)
+    assert c["attributes"]["resource.kubernetes.io/numaNode"] == {"int": 3}
 
 
 def test_chunks_follow_the_per_slice_limits() -> None:

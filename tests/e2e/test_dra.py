@@ -255,6 +255,32 @@ def test_an_unhealthy_device_is_tainted_and_the_next_claim_gets_another(
         assert driver.poll() is None, log_of(driver)
 
 
+def test_a_selector_on_the_standard_numa_node_gets_the_devices_of_that_node(
+    node: Node, tmp_path: Path, fake_class: str
+) -> None:
+    """Kubernetes' own `resource.kubernetes.io/numaNode` (KEP-6072, GA in 1.37) in a claim's CEL
+    selector: the real scheduler gives the devices on that NUMA node only."""
+    with fake_driver(node, tmp_path, "--numa-nodes", "2") as driver:
+        wait_for("the driver's slices", lambda: len(published(node, FAKE_DRIVER)) == 4)
+        assert {
+            n: d["attributes"]["resource.kubernetes.io/numaNode"]
+            for n, d in published(node, FAKE_DRIVER).items()
+        } == {f"fake-{i}": {"int": i % 2} for i in range(4)}
+        body = template("numa-one", fake_class, count=2)
+        expression = 'device.attributes["resource.kubernetes.io"].numaNode == 1'
+        body["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+            {"cel": {"expression": expression}}
+        ]
+        node.apply(body)
+        try:
+            node.run_pod("dra-numa", claims=[{"name": "dev", "resourceClaimTemplateName": "numa-one"}])
+            assert sorted(allocated_devices(node, "dra-numa")) == ["fake-1", "fake-3"]
+        finally:
+            node.delete("pod", "dra-numa")
+            node.delete("resourceclaimtemplate", "numa-one")
+        assert driver.poll() is None, log_of(driver)
+
+
 def test_the_kubelet_wipes_the_slices_of_a_driver_that_went(node: Node, tmp_path: Path) -> None:
     """As FakeKubelet does: not at once (a restarting driver keeps its pool), but within the
     kubelet's grace period (30 s) after the driver's registration socket went."""

@@ -13,6 +13,7 @@ import pytest
 
 from devplug.testing import FakeKubeAPI, serving_dra
 from devplug.testing._kubeapi.validation import validate_slice
+from devplug.topology import NUMA_NODE_ATTRIBUTE
 from devplug_nvidia._dra._devices import (
     binary_quantity,
     cuda_version,
@@ -228,6 +229,8 @@ async def test_every_model_publishes_nvidias_devices(model: str, short_dir: Path
             "cudaDriverVersion": ("version", expected.cuda_version),
             PCI_BUS: gpus[minor].bus_id.lower()[4:],
         }
+        if gpus[minor].numa_node is not None:  # NVIDIA v0.5.0: the standard name, on GPUs and MIG devices
+            common[NUMA_NODE_ATTRIBUTE] = gpus[minor].numa_node
         if "-mig-" in device["name"]:
             mig = next(m for m in gpu.mig_devices if m.uuid == attributes["uuid"])
             profile = device["name"].split("-mig-")[1].rsplit("-", 2)[0]
@@ -340,6 +343,7 @@ async def test_nvidias_example_slice(short_dir: Path) -> None:
         "cudaComputeCapability": {"version": "8.0.0"},
         "driverVersion": {"version": "580.95.5"},
         "cudaDriverVersion": {"version": "13.0.0"},
+        NUMA_NODE_ATTRIBUTE: {"int": 0},  # v0.5.0: the standard name, on GPUs and MIG devices
     }
     assert devices["gpu-0"] == {
         "name": "gpu-0",
@@ -350,6 +354,7 @@ async def test_nvidias_example_slice(short_dir: Path) -> None:
             "cudaDriverVersion": {"version": "13.0.0"},
             "driverVersion": {"version": "580.95.5"},
             "productName": _string("NVIDIA A100 80GB PCIe"),
+            NUMA_NODE_ATTRIBUTE: {"int": 0},
             PCI_BUS: _string("0001:00:00.0"),
             PCIE_ROOT: _string("pci0001:00"),
             "type": _string("gpu"),
