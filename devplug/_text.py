@@ -59,3 +59,14 @@ def rounded(seconds: float) -> float:
         return seconds
     digits = 2 - math.floor(math.log10(abs(seconds)))
     return round(seconds, min(6, max(0, digits)))
+
+
+def cut_to_bytes(text: str, limit: int, *, errors: str = "ignore") -> str:
+    """``text`` if its UTF-8 takes at most ``limit`` bytes, else its first ``limit - 3`` bytes and
+    ``...``, as Go cuts a string (``s[:n-3] + "..."``). A character cut in two is dropped
+    (``errors="ignore"``) or shown as U+FFFD (``"replace"``, what Go's broken byte becomes).
+    """
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    return data[: limit - 3].decode(errors=errors) + "..."

@@ -28,6 +28,7 @@ from devplug._proto.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_gr
 from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
 from devplug._runtime.telemetry import RpcStats
+from devplug._text import cut_to_bytes
 from devplug.models import ClaimRef, Device
 
 if TYPE_CHECKING:
@@ -165,12 +166,8 @@ class HealthService:
 def health_message(device: Device) -> str:
     """The ``message`` sent with ``device``'s health: its own (cut to what a kubelet keeps), or,
     for an Unhealthy device without one, :data:`NO_REASON`."""
-    text = device.health_message or ("" if device.healthy else NO_REASON)
-    data = text.encode()
-    if len(data) <= HEALTH_MESSAGE_BYTES:
-        return text
-    # Cut on a character boundary: the kubelet would cut inside one.
-    return data[: HEALTH_MESSAGE_BYTES - 3].decode(errors="ignore") + "..."
+    # Cut here on a character boundary: the kubelet would cut inside one.
+    return cut_to_bytes(device.health_message or ("" if device.healthy else NO_REASON), HEALTH_MESSAGE_BYTES)
 
 
 class RegistrationService(reg_pb_grpc.RegistrationServicer):  # type: ignore[misc]

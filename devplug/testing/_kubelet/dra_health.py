@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from devplug._text import cut_to_bytes
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
@@ -35,10 +37,7 @@ MESSAGE_BYTES = 1024
 
 def kept_message(message: str) -> str:
     """``message`` as the kubelet keeps it (``truncateHealthMessage``: Go counts bytes)."""
-    data = message.encode()
-    if len(data) <= MESSAGE_BYTES:
-        return message
-    return data[: MESSAGE_BYTES - 3].decode(errors="replace") + "..."
+    return cut_to_bytes(message, MESSAGE_BYTES, errors="replace")
 
 
 class HealthCache:
