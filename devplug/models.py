@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from devplug._names import LABEL_MAX, QUALIFIED_NAME, is_dns_label, is_dns_subdomain, is_qualified_name
+from devplug._quantity import QUANTITY
 from devplug._resource_claim import ResourceClaimDict
 
 __all__ = [
@@ -62,7 +63,6 @@ MAX_TAINTS = 16
 MAX_COUNTERS = 32
 MAX_CONSUMPTIONS = 2
 # A Kubernetes quantity: a decimal number with an optional binary, decimal or exponent suffix.
-_QUANTITY = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?")
 
 
 class Health(str, enum.Enum):
@@ -182,7 +182,7 @@ def _counters(counters: Any) -> Any:
         if not isinstance(name, str) or not is_dns_label(name):
             raise ValueError(f"counter name {name!r} is not a DNS label (lowercase letters, digits and '-')")
         text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-        if not isinstance(text, str) or not _QUANTITY.fullmatch(text):
+        if not isinstance(text, str) or not QUANTITY.fullmatch(text):
             raise ValueError(f"counter {name}: {value!r} is not a Kubernetes quantity (e.g. 40Gi, 8)")
         out[name] = text
     return out
@@ -308,7 +308,7 @@ class Device(_Frozen):
         for name, value in capacity.items():
             check_attribute_name(str(name))
             text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-            if not isinstance(text, str) or not _QUANTITY.fullmatch(text):
+            if not isinstance(text, str) or not QUANTITY.fullmatch(text):
                 raise ValueError(
                     f"capacity {name}: {value!r} is not a Kubernetes quantity (e.g. 40Gi, 8, 500m)"
                 )

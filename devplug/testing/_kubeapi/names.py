@@ -38,9 +38,6 @@ _SEMVER_RE = re.compile(
 
 # resource.Quantity: a decimal number and one suffix (binary SI, decimal SI or an exponent).
 QUANTITY_ERROR = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
-_QUANTITY_RE = re.compile(
-    r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?", re.ASCII
-)
 
 
 def _regex_error(message: str, fmt: str, *examples: str) -> str:
@@ -149,15 +146,6 @@ def is_c_identifier(value: str) -> list[str]:
 
 def is_semver(value: str) -> bool:
     return _SEMVER_RE.fullmatch(value) is not None
-
-
-def is_quantity(value: object) -> bool:
-    """A ``resource.Quantity`` as JSON: a string in the quantity format, or a plain number."""
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, (int, float)):
-        return True
-    return isinstance(value, str) and _QUANTITY_RE.fullmatch(value) is not None
 
 
 # -- the field-error forms resource.k8s.io validation builds from them --------------------------

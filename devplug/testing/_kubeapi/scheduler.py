@@ -23,21 +23,16 @@ is raised).
 from __future__ import annotations
 
 import copy
-import re
-from decimal import Context, Decimal, localcontext
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
+
+from devplug._quantity import quantity
 
 if TYPE_CHECKING:
     from devplug.testing._kubeapi.store import Store
 
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 
-# resource.Quantity: a decimal number and at most one suffix (binary SI, decimal SI or exponent).
-_QUANTITY = re.compile(
-    r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?"
-)
-_BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
-_DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 # How many devices the backtracking search may look at before it gives up (the scheduler's
 # filter has a time limit instead).
 SEARCH_LIMIT = 100_000
@@ -45,26 +40,6 @@ SEARCH_LIMIT = 100_000
 
 class AllocationError(Exception):
     """``FakeKubeAPI.allocate_claim`` cannot allocate the claim as the scheduler would."""
-
-
-def quantity(value: object) -> Decimal:
-    """A ``resource.Quantity`` (JSON string or number) as an exact number: ``1Gi`` == ``1024Mi``.
-
-    Raises:
-        ValueError: not a quantity.
-    """
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return Decimal(str(value))
-    match = _QUANTITY.fullmatch(value) if isinstance(value, str) else None
-    if match is None:
-        raise ValueError(f"{value!r} is not a quantity")
-    number, suffix = Decimal(match[1]), match[2] or ""
-    with localcontext(Context(prec=200)):  # exact for every quantity the API server stores
-        if suffix in _BINARY:
-            return number * (1 << _BINARY[suffix])
-        if len(suffix) > 1:  # an exponent: 1e3, 5E-2
-            return number.scaleb(int(suffix[1:]))
-        return number.scaleb(_DECIMAL.get(suffix, 0))
 
 
 _Key = tuple[str, str, str]  # (pool, counter set, counter)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
+from devplug._quantity import is_quantity
 from devplug.testing._kubeapi.meta import validate_claim_status, validate_claim_update, validate_object_meta
-from devplug.testing._kubeapi.names import QUANTITY_ERROR, is_quantity
+from devplug.testing._kubeapi.names import QUANTITY_ERROR
 from devplug.testing._kubeapi.schema import decode
 from devplug.testing._kubeapi.status import FieldError, bad_request, cannot_decode, invalid_object
 from devplug.testing._kubeapi.validation import validate_slice

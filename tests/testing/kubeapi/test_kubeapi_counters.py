@@ -9,9 +9,9 @@ import lightkube
 import pytest
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimStatus, ResourceSlice
 
+from devplug._quantity import quantity
 from devplug.testing import AllocationError, FakeKubeAPI
 from devplug.testing._kubeapi import scheduler as _kubeapi_scheduler
-from devplug.testing._kubeapi.scheduler import quantity
 from tests.testing.kubeapi.test_kubeapi_kit import DRIVER, NODE, device, slice_body
 
 pytestmark = pytest.mark.anyio
