@@ -17,7 +17,12 @@ from devplug.plugin import DevicePlugin
 __all__ = ["OptionalHook", "advertised_options", "hook_problem", "overrides"]
 
 OptionalHook = Literal[
-    "preferred_allocation", "pre_start_container", "cdi_spec", "prepare_claim", "unprepare_claim"
+    "preferred_allocation",
+    "pre_start_container",
+    "cdi_spec",
+    "prepare_claim",
+    "unprepare_claim",
+    "release_device",
 ]
 """The hooks of :class:`~devplug.DevicePlugin` that are called only when a subclass overrides them."""
 
@@ -38,7 +43,7 @@ def advertised_options(cls: type[DevicePlugin]) -> PluginOptions:
 # The optional hooks devplug awaits, by API (besides allocate, which it awaits under both).
 _AWAITED: dict[str, tuple[OptionalHook, ...]] = {
     "device-plugin": ("preferred_allocation", "pre_start_container"),
-    "dra": ("prepare_claim", "unprepare_claim"),
+    "dra": ("prepare_claim", "unprepare_claim", "release_device"),
 }
 
 

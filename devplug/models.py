@@ -10,6 +10,7 @@ from the wire types; nothing else in devplug touches protobuf.
 import enum
 import re
 import warnings
+from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
@@ -23,12 +24,13 @@ from pydantic import (
 )
 
 from devplug._names import LABEL_MAX, QUALIFIED_NAME, is_dns_label, is_dns_subdomain, is_qualified_name
-from devplug._quantity import QUANTITY
+from devplug._quantity import QUANTITY, quantity
 from devplug._resource_claim import ResourceClaimDict
 
 __all__ = [
     "AllocatedDevice",
     "AttributeValue",
+    "CapacityRequestPolicy",
     "CdiSpecFile",
     "Claim",
     "ClaimRef",
@@ -62,6 +64,8 @@ MAX_TAINTS = 16
 # device consumes from at most 2 sets.
 MAX_COUNTERS = 32
 MAX_CONSUMPTIONS = 2
+# Consumable capacity (Kubernetes 1.36+): a request policy offers at most 10 valid values.
+MAX_VALID_VALUES = 10
 # A Kubernetes quantity: a decimal number with an optional binary, decimal or exponent suffix.
 
 
@@ -225,6 +229,120 @@ class CounterConsumption(_Frozen):
         return hash((self.counter_set, tuple(self.counters.items())))
 
 
+def _quantity_text(value: Any, what: str) -> str:
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not QUANTITY.fullmatch(text):
+        raise ValueError(f"{what}: {value!r} is not a Kubernetes quantity (e.g. 40Gi, 8, 500m)")
+    return text
+
+
+def _policy_quantity(value: Any) -> Any:
+    return None if value is None else _quantity_text(value, "request policy")
+
+
+_PolicyQuantity = Annotated[str, BeforeValidator(_policy_quantity)]
+
+
+class CapacityRequestPolicy(_Frozen):
+    """How claims consume one capacity of a shared device (``requestPolicy``, consumable capacity,
+    Kubernetes 1.36+): what a claim that names no amount takes, and which amounts are valid.
+
+    Give ``valid_values`` (ascending, at most 10, ``default`` among them) or a range (``min``,
+    optional ``max`` and ``step``; ``default`` within it and on a step), or neither (any amount
+    up to what is left). The scheduler rounds a request up to the next valid amount and refuses
+    one above them all. Quantities; integers accepted.
+    """
+
+    default: _PolicyQuantity | None = None
+    """What a claim that does not ask for this capacity consumes (required with ``valid_values``
+    or a range); without any policy a claim takes all of it."""
+    valid_values: tuple[_PolicyQuantity, ...] = ()
+    """The amounts a claim may consume (``validValues``)."""
+    min: _PolicyQuantity | None = None
+    """The smallest amount (``validRange.min``); set it to give a range."""
+    max: _PolicyQuantity | None = None
+    """The largest amount (``validRange.max``; default: the capacity)."""
+    step: _PolicyQuantity | None = None
+    """Valid amounts are ``min + n * step`` (``validRange.step``)."""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "CapacityRequestPolicy":
+        ranged = self.max is not None or self.step is not None
+        if self.valid_values and (self.min is not None or ranged):
+            raise ValueError("give valid_values or a range (min, max, step), not both")
+        if ranged and self.min is None:
+            raise ValueError("a range needs its min")
+        if (self.valid_values or self.min is not None) and self.default is None:
+            raise ValueError("a policy with valid values or a range needs a default")
+        if len(self.valid_values) > MAX_VALID_VALUES:
+            raise ValueError(f"at most {MAX_VALID_VALUES} valid values")
+        return self
+
+    def check(self, name: str, capacity: str) -> None:
+        """Raise what the API server would reject of this policy for the capacity ``name`` of
+        value ``capacity`` (checked where the device is made, not when the slice is refused).
+
+        Raises:
+            ValueError: the message names the capacity and the rule.
+        """
+        total = quantity(capacity)
+        where = f"capacity {name} ({capacity}): request policy"
+        if self.valid_values:
+            self._check_values(where, total)
+        if self.min is not None:
+            self._check_range(where, total)
+
+    def _check_values(self, where: str, total: Decimal) -> None:
+        values = [quantity(v) for v in self.valid_values]
+        if values != sorted(values):
+            raise ValueError(f"{where}: valid values must be in ascending order")
+        if len(set(values)) != len(values):
+            raise ValueError(f"{where}: a valid value is given twice")
+        if values[-1] > total:
+            raise ValueError(f"{where}: valid value {self.valid_values[-1]} is larger than the capacity")
+        if self.default is not None and quantity(self.default) not in values:
+            raise ValueError(f"{where}: default {self.default} is not one of the valid values")
+
+    def _check_range(self, where: str, total: Decimal) -> None:
+        low, default = quantity(self.min), quantity(self.default)
+        high = total if self.max is None else quantity(self.max)
+        if low < 0:
+            raise ValueError(f"{where}: min {self.min} is negative")
+        if low > total:
+            raise ValueError(f"{where}: min {self.min} is larger than the capacity")
+        if high > total:
+            raise ValueError(f"{where}: max {self.max} is larger than the capacity")
+        if low > high:
+            raise ValueError(f"{where}: min {self.min} is larger than max {self.max}")
+        if not low <= default <= high:
+            raise ValueError(f"{where}: default {self.default} is outside min {self.min} and max {high}")
+        if self.step is None:
+            return
+        step = quantity(self.step)
+        if step <= 0:
+            raise ValueError(f"{where}: step {self.step} must be greater than zero")
+        if low + step > total:
+            raise ValueError(f"{where}: one step from min ({self.min} + {self.step}) passes the capacity")
+        for label, value in (("default", default), ("max", None if self.max is None else high)):
+            if value is not None and (value - low) % step:
+                raise ValueError(f"{where}: {label} is not min plus a multiple of step {self.step}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The policy in the API's JSON shape (``requestPolicy``)."""
+        out: dict[str, Any] = {}
+        if self.default is not None:
+            out["default"] = self.default
+        if self.valid_values:
+            out["validValues"] = list(self.valid_values)
+        if self.min is not None:
+            bounds = {"min": self.min, "max": self.max, "step": self.step}
+            out["validRange"] = {k: v for k, v in bounds.items() if v is not None}
+        return out
+
+    def __hash__(self) -> int:
+        return hash((self.default, self.valid_values, self.min, self.max, self.step))
+
+
 class Device(_Frozen):
     """One schedulable unit of a resource, as listed to the kubelet.
 
@@ -264,6 +382,13 @@ class Device(_Frozen):
     shared_counters: tuple[CounterSet, ...] = ()
     """DRA: counter sets this device declares for the pool (published once, in slices of their
     own; several devices may declare the same set, identically)."""
+    allow_multiple_allocations: bool = False
+    """DRA: the device is shared: several claims may be allocated to it at once, each a share
+    (its own ``share_id``) consuming part of its ``capacity`` (consumable capacity, Kubernetes
+    1.36+, ``allowMultipleAllocations``). Unshared devices go to one claim at a time."""
+    request_policies: dict[str, CapacityRequestPolicy] = Field(default_factory=dict)
+    """DRA, shared devices: how claims consume each capacity, by capacity name (a capacity
+    without one is taken whole by a claim that does not ask for an amount)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -307,12 +432,7 @@ class Device(_Frozen):
         out = {}
         for name, value in capacity.items():
             check_attribute_name(str(name))
-            text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-            if not isinstance(text, str) or not QUANTITY.fullmatch(text):
-                raise ValueError(
-                    f"capacity {name}: {value!r} is not a Kubernetes quantity (e.g. 40Gi, 8, 500m)"
-                )
-            out[name] = text
+            out[name] = _quantity_text(value, f"capacity {name}")
         return out
 
     @model_validator(mode="after")
@@ -324,6 +444,12 @@ class Device(_Frozen):
         sets = [c.counter_set for c in self.consumes_counters]
         if len(sets) > MAX_CONSUMPTIONS or len(set(sets)) != len(sets):
             raise ValueError(f"a device consumes from at most {MAX_CONSUMPTIONS} counter sets, each once")
+        if self.request_policies and not self.allow_multiple_allocations:
+            raise ValueError("request_policies need allow_multiple_allocations (shared devices have them)")
+        for name, policy in self.request_policies.items():
+            if name not in self.capacity:
+                raise ValueError(f"request policy for {name}, which is not one of the device's capacities")
+            policy.check(name, self.capacity[name])
         return self
 
     def __hash__(self) -> int:
@@ -339,6 +465,8 @@ class Device(_Frozen):
                 self.taints,
                 self.consumes_counters,
                 self.shared_counters,
+                self.allow_multiple_allocations,
+                tuple(self.request_policies.items()),
             )
         )
 
@@ -469,7 +597,16 @@ class AllocatedDevice(_Frozen):
     admin_access: bool = False
     """Allocated for administrative access: the device may be in use by other claims."""
     share_id: str | None = None
-    """The share of a device that allows several allocations (``allowMultipleAllocations``)."""
+    """The share of a shared device (:attr:`Device.allow_multiple_allocations`) this claim has:
+    the scheduler's ID for it, unique among the device's allocations; None for a device given
+    whole."""
+    consumed_capacity: dict[str, str] = Field(default_factory=dict)
+    """What the share consumes of the device's capacities, by capacity name (quantities as the
+    scheduler wrote them, its request policy's rounding applied); empty for a device given whole."""
+    other_shares: tuple[str, ...] = ()
+    """The device's shares already prepared for other claims on this node when this prepare
+    began. Empty: no other claim uses the device, so set up what the device needs as a whole
+    here (and undo it in :meth:`~devplug.DevicePlugin.release_device`)."""
 
     @property
     def request_name(self) -> str:
@@ -556,6 +693,9 @@ class PreparedDevice(_Frozen):
     """A spec file defining ``cdi_devices`` for devplug to write, keep and remove with the
     claim (instead of the hook writing one itself). Devices of one claim may carry the same
     file (same name, same text); a claim has at most one such file."""
+    share_id: str | None = None
+    """Which share this answer is for, where the claim has the same device twice (two requests,
+    each a share of it: :attr:`AllocatedDevice.share_id`); None otherwise."""
 
     @model_validator(mode="before")
     @classmethod

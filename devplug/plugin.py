@@ -173,6 +173,20 @@ class DevicePlugin(abc.ABC):
         kubelet retries (in a rollback it is logged, and the prepare's own error stands).
         """
 
+    async def release_device(self, name: str) -> None:  # noqa: B027 - optional hook
+        """DRA: the device ``name`` (its ResourceSlice name) is no longer prepared for any claim
+        on this node: undo what was set up for the device as a whole (called only when
+        overridden).
+
+        Called after :meth:`unprepare_claim` of the claim that held it last: for a shared
+        device (:attr:`~devplug.Device.allow_multiple_allocations`) when its last share is
+        unprepared, for any other device with its claim; also when a failed prepare is undone
+        and no other claim holds the device. What is prepared comes from the driver's
+        checkpoint, so this holds across restarts; a crash before the unprepare is recorded
+        calls it again, so it must be idempotent. Raising fails the unprepare, which the
+        kubelet retries.
+        """
+
     @classmethod
     def from_settings(cls: type[P], settings: Settings) -> P:
         """Build the plugin for ``devplug run`` from its parsed settings (default: no arguments)."""

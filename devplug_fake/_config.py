@@ -71,6 +71,9 @@ class FakeResource(_Strict):
     """Devices fake-0 ... fake-<count-1>."""
     numa_nodes: int = Field(default=0, ge=0)
     """Device i sits on NUMA node i mod numa_nodes; 0 for no topology."""
+    shares: int = Field(default=0, ge=0)
+    """DRA: publish each generated device as shared by up to this many claims at once (a
+    capacity ``shares`` of this value, a claim taking 1 unless it asks for more); 0: unshared."""
     device_specs: bool = False
     """Allocate adds /dev/null as /dev/<id> for each device."""
     cdi: bool = False
@@ -99,6 +102,9 @@ class FakeSettings(Settings):
     """Number of devices (fake-0 ... fake-<count-1>)."""
     numa_nodes: int = Field(default=0, ge=0)
     """Device i sits on NUMA node i mod numa_nodes; 0 for no topology."""
+    shares: int = Field(default=0, ge=0)
+    """DRA: each device is shared by up to N claims (capacity shares: N, a claim takes 1 unless it
+    asks for more); 0: each device goes to one claim."""
     device_specs: bool = False
     """Allocate adds /dev/null as /dev/<id> for each device."""
     cdi: bool = False
@@ -121,6 +127,7 @@ class FakeSettings(Settings):
                 name=self.resource,
                 count=self.count,
                 numa_nodes=self.numa_nodes,
+                shares=self.shares,
                 device_specs=self.device_specs,
                 cdi=self.cdi,
                 state_file=self.state_file,

@@ -6,13 +6,14 @@ import json
 import math
 import random
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from asyncinotify import Inotify, Mask
 from pydantic import ValidationError
 
 from devplug import ContainerAllocation, Device, DevicePlugin, DeviceSpec, Health, HealthPolicy
+from devplug.models import CapacityRequestPolicy
 from devplug_fake._config import FakeResource, StateFile
 
 if TYPE_CHECKING:
@@ -49,7 +50,11 @@ class FakePlugin(DevicePlugin):
 
     def generated_devices(self) -> list[Device]:
         k = self.config.numa_nodes
-        return [Device(id=f"fake-{i}", numa_nodes=(i % k,) if k else ()) for i in range(self.config.count)]
+        shared = _shared(self.config.shares)
+        return [
+            Device(id=f"fake-{i}", numa_nodes=(i % k,) if k else (), **shared)
+            for i in range(self.config.count)
+        ]
 
     def read_state_file(self) -> list[Device] | None:
         """The state file's devices, or None (logged) if it is missing or invalid."""
@@ -223,3 +228,21 @@ def _parse(text: str) -> object:
     import yaml
 
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - safe loaders only
+
+
+def _shared(shares: int) -> dict[str, Any]:
+    """What makes a generated device shared by up to ``shares`` claims (none for 0): a capacity
+    ``shares`` taken in whole units, 1 by default."""
+    if not shares:
+        return {}
+    # One step from min must stay within the capacity: a single share is a valid value instead.
+    policy = (
+        CapacityRequestPolicy(default=1, min=1, step=1)
+        if shares > 1
+        else CapacityRequestPolicy(default=1, valid_values=("1",))
+    )
+    return {
+        "capacity": {"shares": shares},
+        "allow_multiple_allocations": True,
+        "request_policies": {"shares": policy},
+    }

@@ -94,6 +94,9 @@ class PreparedEntry:
     """Fully qualified CDI device names the runtime applies to the containers that use it."""
     admin_access: bool = False
     share_id: str | None = None
+    consumed_capacity: Mapping[str, str] = field(default_factory=dict)
+    """What the share consumes of the device (the checkpoint's record, weighed against the
+    device's capacity when another share is prepared)."""
 
     def to_json(self) -> dict[str, Any]:
         """The checkpoint's form: the kubelet's field names in the API's spelling."""
@@ -106,12 +109,14 @@ class PreparedEntry:
         }
         if self.share_id:
             data["shareID"] = self.share_id
+        if self.consumed_capacity:
+            data["consumedCapacity"] = dict(self.consumed_capacity)
         return data
 
     @classmethod
     def from_json(cls, data: object, where: str = "device") -> PreparedEntry:
         """Read :meth:`to_json`'s form, as every version of the checkpoint wrote it (``shareID``
-        only when set; ``adminAccess`` taken as false when absent).
+        and ``consumedCapacity`` only when set; ``adminAccess`` taken as false when absent).
 
         Raises:
             AllocationError: ``data`` is not such an object; ``where`` names it in the message.
@@ -124,6 +129,7 @@ class PreparedEntry:
             cdi_device_ids=_texts(fields, "cdiDeviceIds", where),
             admin_access=_flag(fields, "adminAccess", where),
             share_id=_text(fields, "shareID", where, required=False) or None,
+            consumed_capacity=_quantities(fields, "consumedCapacity", where),
         )
 
 

@@ -31,7 +31,8 @@ from devplug._dra.checkpoint import PreparedClaim
 from devplug._dra.lock import DriverLock, LockTimeout, lock_wait
 from devplug._dra.names import cdi_device, cdi_kind, claim_spec_file
 from devplug._hooks import overrides
-from devplug._text import os_error_text
+from devplug._quantity import quantity
+from devplug._text import counted, os_error_text
 from devplug.checks import HostPathError, check_host_paths
 from devplug.models import AllocatedDevice, CdiSpecFile, Claim, ClaimRef, OpaqueConfig, PreparedDevice
 
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from devplug._resource_claim import ResourceClaimDict
     from devplug.cdi import CdiSpec
     from devplug.checks import CheckMode
-    from devplug.models import ContainerAllocation
+    from devplug.models import ContainerAllocation, Device
     from devplug.plugin import DevicePlugin
 
 
@@ -177,6 +178,7 @@ class Preparer:
             )
         done = self.checkpoint.claims.get(ref.uid)
         if done is not None:
+            _check_recorded_shares(ref, done, read.allocation.results_of(self.driver))
             await self._restore_spec(done)
             self._log.info("claim_prepared_again", claim=str(ref), uid=ref.uid)
             return done.devices
@@ -229,17 +231,21 @@ class Preparer:
     def _devices_of(self, ref: ClaimRef, results: list[DeviceResult]) -> list[AllocatedDevice]:
         """This driver's ``results`` as the plugins' devices.
 
+        A device is prepared for one claim at a time, unless shared: then each of its shares
+        (distinct share IDs) may be prepared for a claim, as long as what the shares consume
+        together stays within the device's capacity. Admin access takes nothing and is refused
+        nothing.
+
         Raises:
-            ClaimError: a device is in another pool, not this driver's, or prepared for another
-                claim (without admin access).
+            ClaimError: a device is in another pool, not this driver's, prepared for another
+                claim, or its share is taken or does not fit (the message names which).
         """
         snapshot = self.inventory.current
-        taken = {
-            d.device: claim
-            for claim in self.checkpoint.claims.values()
-            for d in claim.devices
-            if not d.admin_access
-        }
+        holders: dict[str, list[tuple[PreparedClaim, PreparedEntry]]] = {}
+        for claim in self.checkpoint.claims.values():
+            for prepared in claim.devices:
+                if not prepared.admin_access:
+                    holders.setdefault(prepared.device, []).append((claim, prepared))
         out = []
         for result in results:
             pool, name = result.pool, result.device
@@ -252,12 +258,20 @@ class Preparer:
                 raise ClaimError(
                     f"claim {ref}: device {name} is not one of driver {self.driver}'s devices on {self.node}"
                 )
-            admin = result.admin_access
-            owner = taken.get(name)
-            if owner is not None and not admin:
-                raise ClaimError(
-                    f"claim {ref}: device {name} is already prepared for claim "
-                    f"{owner.namespace}/{owner.name} ({owner.uid})"
+            others = holders.get(name, [])
+            if not result.admin_access:
+                _check_share(ref, entry.device, name, result, others)
+                # Later results of this claim weigh this one too (a claim may have two shares).
+                holders.setdefault(name, []).append(
+                    (
+                        PreparedClaim(ref.uid, ref.namespace, ref.name),
+                        PreparedEntry(
+                            device=name,
+                            pool=pool,
+                            share_id=result.share_id,
+                            consumed_capacity=result.consumed_capacity,
+                        ),
+                    )
                 )
             out.append(
                 AllocatedDevice(
@@ -265,8 +279,10 @@ class Preparer:
                     name=name,
                     pool=pool,
                     device=entry.device,
-                    admin_access=admin,
+                    admin_access=result.admin_access,
                     share_id=result.share_id,
+                    consumed_capacity=dict(result.consumed_capacity),
+                    other_shares=tuple(p.share_id for c, p in others if p.share_id and c.uid != ref.uid),
                 )
             )
         return out
@@ -297,7 +313,12 @@ class Preparer:
             ids = (f"{kind}={name}", *allocation.cdi_devices)
             for i, device in enumerate(members):
                 answer.append(
-                    PreparedDevice(name=device.name, requests=(request,), cdi_devices=ids if i == 0 else ())
+                    PreparedDevice(
+                        name=device.name,
+                        requests=(request,),
+                        cdi_devices=ids if i == 0 else (),
+                        share_id=device.share_id,
+                    )
                 )
         return answer
 
@@ -382,6 +403,8 @@ class Preparer:
         for plugin in self.inventory.plugins:
             if plugin.resource_name in record.resources and overrides(type(plugin), "unprepare_claim"):
                 await plugin.unprepare_claim(claim)
+        for plugin, name in self._released(ref.uid, record):
+            await plugin.release_device(name)
         # One trip to a worker thread: the spec goes, then the checkpoint that recorded it.
         await anyio.to_thread.run_sync(self._forget, ref, record)
         self._log.info("claim_unprepared", claim=str(ref), uid=ref.uid)
@@ -402,6 +425,31 @@ class Preparer:
             self.checkpoint.claims[ref.uid] = record
             raise ClaimError(f"claim {ref}: {os_error_text(exc, 'write the checkpoint')}") from None
 
+    def _released(self, uid: str, record: PreparedClaim) -> list[tuple[DevicePlugin, str]]:
+        """The devices of ``record`` (claim ``uid``) that no other prepared claim holds once it
+        goes, with the plugin whose ``release_device`` is called for each (the one that lists
+        the device now, else the claim's only plugin; admin access held nothing)."""
+        held = {
+            d.device
+            for other, claim in self.checkpoint.claims.items()
+            if other != uid
+            for d in claim.devices
+            if not d.admin_access
+        }
+        mine = [p for p in self.inventory.plugins if p.resource_name in record.resources]
+        by_name = self.inventory.current.by_name
+        out: list[tuple[DevicePlugin, str]] = []
+        for name in dict.fromkeys(d.device for d in record.devices if not d.admin_access):
+            if name in held:
+                continue
+            entry = by_name.get(name)
+            owner = entry.plugin if entry is not None and entry.plugin in mine else None
+            if owner is None and len(mine) == 1:
+                owner = mine[0]
+            if owner is not None and overrides(type(owner), "release_device"):
+                out.append((owner, name))
+        return out
+
     async def _undo(self, ref: ClaimRef, record: PreparedClaim, plugins: Sequence[DevicePlugin]) -> None:
         """Roll back a prepare that failed before it was recorded: ``unprepare_claim`` of each of
         ``plugins`` (last first), then the spec file. A failing hook is logged, not raised: the
@@ -420,6 +468,20 @@ class Preparer:
                     resource=plugin.resource_name,
                     error=str(exc),
                     note="unprepare_claim failed while undoing a failed prepare; the node may keep its state",
+                )
+        for plugin, name in self._released(ref.uid, record):
+            if plugin not in plugins:
+                continue
+            try:
+                await plugin.release_device(name)
+            except Exception as exc:
+                self._log.exception(
+                    "rollback_failed",
+                    claim=str(ref),
+                    uid=ref.uid,
+                    device=name,
+                    error=str(exc),
+                    note="release_device failed while undoing a failed prepare; the node may keep its state",
                 )
         if record.spec_file:
             path = self.cdi_dir / record.spec_file
@@ -537,13 +599,15 @@ def _answer(
     node: str, devices: list[AllocatedDevice], prepared: Sequence[PreparedDevice]
 ) -> list[PreparedEntry]:
     """The kubelet's Device entries for what a plugin prepared (checked against what was asked)."""
-    asked = {d.name: d for d in devices}
+    asked: dict[str, list[AllocatedDevice]] = {}
+    for device in devices:
+        asked.setdefault(device.name, []).append(device)
     out = []
     for item in prepared:
         if not isinstance(item, PreparedDevice) or item.name not in asked:
             got = item.name if isinstance(item, PreparedDevice) else type(item).__name__
             raise ClaimError(f"prepare_claim returned {got}, which is not a device of this claim")
-        device = asked[item.name]
+        device = _asked_share(item, asked[item.name])
         out.append(
             PreparedEntry(
                 device=item.name,
@@ -552,9 +616,98 @@ def _answer(
                 cdi_device_ids=item.cdi_devices,
                 admin_access=device.admin_access,
                 share_id=device.share_id,
+                consumed_capacity=device.consumed_capacity,
             )
         )
     return out
+
+
+def _asked_share(item: PreparedDevice, candidates: list[AllocatedDevice]) -> AllocatedDevice:
+    """The allocated device ``item`` answers for: the only one of its name, or the share it names."""
+    if item.share_id is not None:
+        for device in candidates:
+            if device.share_id == item.share_id:
+                return device
+        raise ClaimError(
+            f"prepare_claim returned device {item.name} with share {item.share_id}, "
+            "which is not a share of this claim"
+        )
+    if len(candidates) > 1:
+        raise ClaimError(
+            f"prepare_claim returned device {item.name} without its share_id, and the claim has "
+            f"{len(candidates)} shares of it: say which one each answer is for"
+        )
+    return candidates[0]
+
+
+def _check_recorded_shares(ref: ClaimRef, record: PreparedClaim, results: list[DeviceResult]) -> None:
+    """Refuse to answer a prepared claim again when its allocation names a share the checkpoint
+    did not record for it (the answer kept would name other shares than the kubelet's claim).
+
+    Raises:
+        ClaimError: naming the share and what the checkpoint holds.
+    """
+    recorded = {(d.device, d.share_id) for d in record.devices if d.share_id}
+    for result in results:
+        if result.share_id and (result.device, result.share_id) not in recorded:
+            kept = ", ".join(sorted(f"{d} share {s}" for d, s in recorded)) or "no shares"
+            raise ClaimError(
+                f"claim {ref}: its allocation names share {result.share_id} of device "
+                f"{result.device}, which the checkpoint does not record for it (it holds {kept}); "
+                "unprepare the claim before it is prepared with other shares"
+            )
+
+
+def _check_share(
+    ref: ClaimRef,
+    device: Device,
+    name: str,
+    result: DeviceResult,
+    others: list[tuple[PreparedClaim, PreparedEntry]],
+) -> None:
+    """Refuse ``result`` where the device's other prepared uses (``others``) rule it out.
+
+    Raises:
+        ClaimError: the device is given whole to another claim or asked whole while in use, is
+            not shared, the share is taken, or the shares would consume more than the device has.
+    """
+
+    def owner(claim: PreparedClaim) -> str:
+        return f"{claim.namespace}/{claim.name} ({claim.uid})"
+
+    if result.share_id is None or not device.allow_multiple_allocations:
+        if others:
+            what = "" if result.share_id is None else f" (share {result.share_id}; the device is not shared)"
+            raise ClaimError(
+                f"claim {ref}: device {name}{what} is already prepared for claim {owner(others[0][0])}"
+            )
+        return
+    for claim, prepared in others:
+        if prepared.share_id is None:
+            raise ClaimError(f"claim {ref}: device {name} is already prepared whole for claim {owner(claim)}")
+        if prepared.share_id == result.share_id:
+            raise ClaimError(
+                f"claim {ref}: share {result.share_id} of device {name} is already prepared "
+                f"for claim {owner(claim)}"
+            )
+    for capacity, amount in result.consumed_capacity.items():
+        if capacity not in device.capacity:
+            raise ClaimError(
+                f"claim {ref}: share {result.share_id} consumes {amount} of {capacity}, "
+                f"which device {name} does not have"
+            )
+        try:
+            used = sum(
+                (quantity(p.consumed_capacity.get(capacity, "0")) for _, p in others), quantity(amount)
+            )
+        except ValueError as exc:
+            raise ClaimError(f"claim {ref}: share {result.share_id} of device {name}: {exc}") from None
+        if used > quantity(device.capacity[capacity]):
+            raise ClaimError(
+                f"claim {ref}: share {result.share_id} of device {name} consumes {amount} of "
+                f"{capacity}: with its {counted(len(others), 'other share')} that passes "
+                f"the device's {device.capacity[capacity]}"
+            )
 
 
 def _claim_spec(driver: str, uid: str, edits: dict[str, ContainerAllocation]) -> CdiSpec:

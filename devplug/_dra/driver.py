@@ -184,6 +184,7 @@ class DraService:
                 "count": publisher.slices if publisher else 0,
                 "taints_supported": publisher.taints_supported if publisher else None,
                 "counters_supported": publisher.counters_supported if publisher else None,
+                "shares_supported": publisher.shares_supported if publisher else None,
                 "last_error": publisher.last_error if publisher else None,
             },
             "prepared_claims": sorted(

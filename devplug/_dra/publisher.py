@@ -68,12 +68,16 @@ class SlicePublisher:
         self._pool: Pool | None = None
         self._generation = 0
         self._settle = False
-        self._wanted_cache: tuple[tuple[int, bool, bool, bool], list[list[dict[str, Any]]]] | None = None
+        self._wanted_cache: tuple[tuple[int | bool, ...], list[list[dict[str, Any]]]] | None = None
         self.taints_supported = True
         """False once the API server has dropped a device taint: unhealthy devices are left out."""
         self.counters_supported = True
         """False once the API server has dropped shared counters (DRAPartitionableDevices off):
         counter sets and the devices that consume counters are left out."""
+        self.shares_supported = True
+        """False once the API server has dropped ``allowMultipleAllocations`` (DRAConsumableCapacity
+        off, Kubernetes < 1.36 by default): shared devices are published as ordinary ones, each
+        allocated to one claim at a time."""
         self.effect_none_supported = True
         """False once the API server has refused a taint of effect ``None`` (Kubernetes 1.34):
         such taints are left out."""
@@ -204,7 +208,13 @@ class SlicePublisher:
 
     def _wanted(self, snapshot: Snapshot) -> list[list[dict[str, Any]]]:
         """The slices' device lists for ``snapshot`` (built once per version and server mode)."""
-        key = (snapshot.version, self.taints_supported, self.effect_none_supported, self.counters_supported)
+        key = (
+            snapshot.version,
+            self.taints_supported,
+            self.effect_none_supported,
+            self.counters_supported,
+            self.shares_supported,
+        )
         if self._wanted_cache is not None and self._wanted_cache[0] == key:
             return self._wanted_cache[1]
         devices = []
@@ -234,6 +244,7 @@ class SlicePublisher:
                         self.driver,
                         taint_unhealthy=self.taints_supported,
                         effect_none=self.effect_none_supported,
+                        shares=self.shares_supported,
                     )
                 )
             except ValueError as exc:
@@ -287,6 +298,7 @@ class SlicePublisher:
                         self._cache[stored["metadata"]["name"]] = stored
                         self._check_taints(obj, stored)
                         self._check_counters(obj, stored)
+                        self._check_shares(obj, stored)
                     self.writes[verb] += 1
                 except KubeError as exc:
                     if exc.status == 404 and verb != "create":
@@ -337,6 +349,22 @@ class SlicePublisher:
                 "sets and the devices that consume counters are left out of the slices; enable the "
                 "DRAPartitionableDevices feature (on by default from Kubernetes 1.36) and restart "
                 "the driver to publish them",
+            )
+            self._mark()
+
+    def _check_shares(self, sent: dict[str, Any], stored: dict[str, Any]) -> None:
+        if not self.shares_supported:
+            return
+        shared = any(d.get("allowMultipleAllocations") for d in sent["spec"].get("devices") or ())
+        kept = any(d.get("allowMultipleAllocations") for d in (stored.get("spec") or {}).get("devices") or ())
+        if shared and not kept:
+            self.shares_supported = False
+            self._log.warning(
+                "shared_devices_dropped",
+                note="the API server drops allowMultipleAllocations (DRAConsumableCapacity off): "
+                "shared devices are published as ordinary ones, each allocated to one claim at a "
+                "time; enable the DRAConsumableCapacity feature (on by default from Kubernetes "
+                "1.36) and restart the driver to share them",
             )
             self._mark()
 

@@ -60,7 +60,7 @@ def attribute(value: bool | int | str | Version) -> dict[str, Any]:
 
 
 def device_entry(
-    entry: Entry, driver: str, *, taint_unhealthy: bool, effect_none: bool = True
+    entry: Entry, driver: str, *, taint_unhealthy: bool, effect_none: bool = True, shares: bool = True
 ) -> dict[str, Any]:
     """The ResourceSlice device for one inventory entry.
 
@@ -69,7 +69,9 @@ def device_entry(
     server keeps taints): the device's own taints, or for an Unhealthy device without any a
     ``NoSchedule`` taint ``<driver>/unhealthy``; otherwise no taints at all. ``effect_none``
     False (a server older than 1.35, which refuses the effect): taints of effect ``None`` are
-    left out.
+    left out. ``shares`` False (a server without consumable capacity, which drops it): a shared
+    device is published as an ordinary one, without ``allowMultipleAllocations`` and request
+    policies.
 
     Raises:
         ValueError: the device's attributes and capacities pass the API's limit of 32.
@@ -95,7 +97,9 @@ def device_entry(
         )
     out: dict[str, Any] = {"name": entry.name, "attributes": dict(sorted(attributes.items()))}
     if device.capacity:
-        out["capacity"] = {name: {"value": value} for name, value in sorted(device.capacity.items())}
+        out["capacity"] = {name: _capacity(device, name, shares) for name in sorted(device.capacity)}
+    if device.allow_multiple_allocations and shares:
+        out["allowMultipleAllocations"] = True
     if device.consumes_counters:
         out["consumesCounters"] = [
             {"counterSet": c.counter_set, "counters": _counter_values(c.counters)}
@@ -107,6 +111,15 @@ def device_entry(
             taints = [{"key": f"{driver}/{UNHEALTHY_TAINT}", "effect": "NoSchedule"}]
         if taints:
             out["taints"] = taints
+    return out
+
+
+def _capacity(device: Device, name: str, shares: bool) -> dict[str, Any]:
+    """One ``capacity`` entry: its value, and how claims consume it where the device is shared."""
+    out: dict[str, Any] = {"value": device.capacity[name]}
+    policy = device.request_policies.get(name)
+    if policy is not None and shares:
+        out["requestPolicy"] = policy.as_dict()
     return out
 
 

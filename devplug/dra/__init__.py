@@ -14,7 +14,8 @@ The driver needs the node's name (``--node-name`` or ``NODE_NAME``) and the API 
 (``--kubeconfig``, else the pod's service account).
 
 The types only a DRA driver uses are here: what a device declares for DRA (``CounterSet``,
-``CounterConsumption``, ``DeviceTaint``, beside ``Device`` in :mod:`devplug`) and what the
+``CounterConsumption``, ``DeviceTaint``, ``CapacityRequestPolicy``, beside ``Device`` in
+:mod:`devplug`) and what the
 claim hooks take and return (``Claim`` and its ``ResourceClaimDict``, ``AllocatedDevice``,
 ``OpaqueConfig``, ``PreparedDevice``, ``CdiSpecFile``), and ``ClaimRef``, a claim as the kubelet
 names it (what the fake kubelet's calls take).
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 from devplug._dra.driver import DraDriver
 from devplug.models import (
     AllocatedDevice,
+    CapacityRequestPolicy,
     CdiSpecFile,
     Claim,
     ClaimRef,
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AllocatedDevice",
+    "CapacityRequestPolicy",
     "CdiSpecFile",
     "Claim",
     "ClaimRef",

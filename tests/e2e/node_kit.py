@@ -162,8 +162,10 @@ class Node:
         claims: Sequence[dict[str, Any]] = (),
         command: str = "env; ls -ln /dev; sleep 3600",
         timeout: float = 90,
+        wait: bool = True,
     ) -> dict[str, Any]:
-        """Create a busybox pod (host network, no registry) and wait until it runs; returns the pod."""
+        """Create a busybox pod (host network, no registry) and wait until it runs (unless not
+        ``wait``); returns the pod."""
         container: dict[str, Any] = {
             "name": "main",
             "image": localnode.BUSYBOX_IMAGE,
@@ -189,7 +191,7 @@ class Node:
         if not claims:
             del pod["spec"]["resourceClaims"]
         self.apply(pod)
-        return self.wait_running(name, timeout)
+        return self.wait_running(name, timeout) if wait else self.get("pod", name)
 
     def wait_running(self, name: str, timeout: float = 90) -> dict[str, Any]:
         def running() -> dict[str, Any] | None:

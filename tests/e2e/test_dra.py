@@ -145,6 +145,61 @@ def test_one_claim_shared_by_two_pods(node: Node, tmp_path: Path, fake_class: st
         wait_for("the shared claim's spec removed", lambda: not claim_specs(node, FAKE_DRIVER))
 
 
+def test_shares_of_one_device_go_to_several_claims_up_to_its_capacity(
+    node: Node, tmp_path: Path, fake_class: str
+) -> None:
+    """Consumable capacity (KEP-5075, beta and on in 1.37): one device published as shared by 2
+    claims. The real scheduler gives two claims a share each (a default request, an explicit
+    one), the kubelet has both prepared on the node, and a third claim waits until a share is
+    freed."""
+    with fake_driver(node, tmp_path, "--count", "1", "--shares", "2") as driver:
+        (device,) = wait_for("the driver's slices", lambda: list(published(node, FAKE_DRIVER).values()))
+        assert device["allowMultipleAllocations"] is True  # the server kept it: the feature is on
+        assert device["capacity"]["shares"] == {
+            "value": "2",
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "step": "1"}},
+        }
+        explicit = claim("share-b", fake_class)
+        explicit["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": {"shares": "1"}}
+        node.apply(claim("share-a", fake_class), explicit, claim("share-c", fake_class))
+        pods = {name: f"dra-{name}" for name in ("share-a", "share-b", "share-c")}
+        try:
+            for name in ("share-a", "share-b"):
+                node.run_pod(pods[name], claims=[{"name": "dev", "resourceClaimName": name}])
+            results = {
+                name: node.get("resourceclaim", name)["status"]["allocation"]["devices"]["results"][0]
+                for name in ("share-a", "share-b")
+            }
+            assert {r["device"] for r in results.values()} == {"fake-0"}
+            assert len({r["shareID"] for r in results.values()}) == 2
+            assert [r["consumedCapacity"] for r in results.values()] == [{"shares": "1"}] * 2
+            for name in ("share-a", "share-b"):
+                assert node.pod_env(pods[name])["FAKE_VISIBLE_DEVICES"] == "fake-0"
+            node.run_pod(
+                pods["share-c"], claims=[{"name": "dev", "resourceClaimName": "share-c"}], wait=False
+            )
+            wait_for(
+                "the third claim's pod to be found unschedulable",
+                lambda: any(
+                    c["type"] == "PodScheduled" and c["status"] == "False"
+                    for c in node.get("pod", pods["share-c"])["status"].get("conditions", [])
+                ),
+            )
+            assert "allocation" not in node.get("resourceclaim", "share-c").get("status", {})
+            node.delete("pod", pods["share-a"])
+            node.delete("resourceclaim", "share-a")
+            node.wait_running(pods["share-c"], timeout=120)
+            (third,) = node.get("resourceclaim", "share-c")["status"]["allocation"]["devices"]["results"]
+            assert third["device"] == "fake-0"
+            assert third["shareID"] not in {r["shareID"] for r in results.values()}
+        finally:
+            for name, pod in pods.items():
+                node.delete("pod", pod)
+                node.delete("resourceclaim", name)
+        wait_for("every share's spec removed", lambda: not claim_specs(node, FAKE_DRIVER))
+        assert driver.poll() is None, log_of(driver)
+
+
 def test_kubelet_restart_slices_come_back_and_the_pod_keeps_running(
     node: Node, tmp_path: Path, fake_class: str
 ) -> None:

@@ -91,6 +91,7 @@ def test_overrides_names_the_overridden_hooks(cls: type[DevicePlugin], overridde
         "cdi_spec",
         "prepare_claim",
         "unprepare_claim",
+        "release_device",
     ]
     assert {h for h in hooks if overrides(cls, h)} == overridden
 
@@ -106,6 +107,7 @@ def test_the_base_class_holds_only_the_authors_api() -> None:
         "pre_start_container",
         "preferred_allocation",
         "prepare_claim",
+        "release_device",
         "remove_cdi_spec_on_stop",
         "settings_class",
         "unprepare_claim",
