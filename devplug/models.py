@@ -66,6 +66,8 @@ MAX_COUNTERS = 32
 MAX_CONSUMPTIONS = 2
 # Consumable capacity (Kubernetes 1.36+): a request policy offers at most 10 valid values.
 MAX_VALID_VALUES = 10
+# Binding conditions (Kubernetes 1.36+): at most 4 of each kind per device.
+MAX_BINDING_CONDITIONS = 4
 # A Kubernetes quantity: a decimal number with an optional binary, decimal or exponent suffix.
 
 
@@ -343,6 +345,23 @@ class CapacityRequestPolicy(_Frozen):
         return hash((self.default, self.valid_values, self.min, self.max, self.step))
 
 
+def _check_binding_conditions(conditions: tuple[str, ...], failures: tuple[str, ...]) -> None:
+    """The API server's rules for a device's binding conditions (raised as the model's error)."""
+    for label, names in (("binding_conditions", conditions), ("binding_failure_conditions", failures)):
+        if len(names) > MAX_BINDING_CONDITIONS:
+            raise ValueError(f"at most {MAX_BINDING_CONDITIONS} {label}, got {len(names)}")
+        for name in names:
+            if not is_qualified_name(name):
+                raise ValueError(f"{label}: {name!r} is not a condition type (a qualified name)")
+        if len(set(names)) != len(names):
+            raise ValueError(f"{label}: a condition is named twice")
+    both = sorted(set(conditions) & set(failures))
+    if both:
+        raise ValueError(f"condition {both[0]} is both a binding condition and a binding failure condition")
+    if bool(conditions) != bool(failures):
+        raise ValueError("binding_conditions and binding_failure_conditions go together: both or neither")
+
+
 class Device(_Frozen):
     """One schedulable unit of a resource, as listed to the kubelet.
 
@@ -389,6 +408,18 @@ class Device(_Frozen):
     request_policies: dict[str, CapacityRequestPolicy] = Field(default_factory=dict)
     """DRA, shared devices: how claims consume each capacity, by capacity name (a capacity
     without one is taken whole by a claim that does not ask for an amount)."""
+    binding_conditions: tuple[str, ...] = ()
+    """DRA: conditions (condition types, e.g. ``example.com/attached``) that a controller of the
+    driver must set True in the claim's ``status.devices`` before the scheduler binds a pod
+    using this device (binding conditions, Kubernetes 1.36+; at most 4). Needs
+    ``binding_failure_conditions`` too."""
+    binding_failure_conditions: tuple[str, ...] = ()
+    """DRA: conditions that, set True by that controller, fail the binding (at most 4, none of
+    them a binding condition); the scheduler then allocates the claim anew."""
+    binds_to_node: bool = False
+    """DRA: a claim allocated this device is bound to the node it was allocated on (the
+    scheduler sets the allocation's node selector), as a device attached to a node by a
+    controller is."""
 
     @model_validator(mode="before")
     @classmethod
@@ -444,6 +475,7 @@ class Device(_Frozen):
         sets = [c.counter_set for c in self.consumes_counters]
         if len(sets) > MAX_CONSUMPTIONS or len(set(sets)) != len(sets):
             raise ValueError(f"a device consumes from at most {MAX_CONSUMPTIONS} counter sets, each once")
+        _check_binding_conditions(self.binding_conditions, self.binding_failure_conditions)
         if self.request_policies and not self.allow_multiple_allocations:
             raise ValueError("request_policies need allow_multiple_allocations (shared devices have them)")
         for name, policy in self.request_policies.items():
@@ -467,6 +499,9 @@ class Device(_Frozen):
                 self.shared_counters,
                 self.allow_multiple_allocations,
                 tuple(self.request_policies.items()),
+                self.binding_conditions,
+                self.binding_failure_conditions,
+                self.binds_to_node,
             )
         )
 

@@ -66,6 +66,12 @@ class DevicePlugin(abc.ABC):
     settings_class: ClassVar[type[Settings]] = Settings
     """What ``devplug run MODULE:CLASS`` parses: a :class:`Settings` subclass adds the plugin's
     own options, and :meth:`from_settings` builds the plugin from them."""
+    dra_partition_type_attribute: ClassVar[str | None] = None
+    """DRA: the string attribute that names the partition type of this plugin's devices that
+    consume shared counters (``profile`` for ``1g.10gb``, ``3g.40gb``: a bare name is in the
+    driver's domain), published as the slices' ``partitionTypeAttribute`` (Kubernetes 1.37,
+    alpha: a server without the feature drops it and devplug stops sending it). Every such
+    device must carry it, or it is not published."""
     dra_standard_attributes: ClassVar[bool] = True
     """DRA: publish devplug's own attributes with every device (``id``: the device ID,
     ``resourceName``, ``numaNode``: the first NUMA node). Off for a driver whose attribute set

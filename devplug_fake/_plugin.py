@@ -237,12 +237,12 @@ def _shared(shares: int) -> dict[str, Any]:
         return {}
     # One step from min must stay within the capacity: a single share is a valid value instead.
     policy = (
-        CapacityRequestPolicy(default=1, min=1, step=1)
+        CapacityRequestPolicy(default="1", min="1", step="1")
         if shares > 1
-        else CapacityRequestPolicy(default=1, valid_values=("1",))
+        else CapacityRequestPolicy(default="1", valid_values=("1",))
     )
     return {
-        "capacity": {"shares": shares},
+        "capacity": {"shares": str(shares)},
         "allow_multiple_allocations": True,
         "request_policies": {"shares": policy},
     }

@@ -185,6 +185,8 @@ class DraService:
                 "taints_supported": publisher.taints_supported if publisher else None,
                 "counters_supported": publisher.counters_supported if publisher else None,
                 "shares_supported": publisher.shares_supported if publisher else None,
+                "bindings_supported": publisher.bindings_supported if publisher else None,
+                "partition_types_supported": publisher.partition_types_supported if publisher else None,
                 "last_error": publisher.last_error if publisher else None,
             },
             "prepared_claims": sorted(

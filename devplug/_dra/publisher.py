@@ -32,6 +32,7 @@ from devplug._dra.slices import (
     counter_set_entry,
     declared_counter_sets,
     device_entry,
+    partition_type_problem,
     plan,
     schedulable,
 )
@@ -78,6 +79,12 @@ class SlicePublisher:
         """False once the API server has dropped ``allowMultipleAllocations`` (DRAConsumableCapacity
         off, Kubernetes < 1.36 by default): shared devices are published as ordinary ones, each
         allocated to one claim at a time."""
+        self.bindings_supported = True
+        """False once the API server has dropped binding conditions (DRADeviceBindingConditions
+        off, Kubernetes < 1.36 by default): devices with binding conditions are left out."""
+        self.partition_types_supported = True
+        """False once the API server has dropped ``partitionTypeAttribute``
+        (DRAPartitionableDevicesType off, the default in 1.37): slices go without it."""
         self.effect_none_supported = True
         """False once the API server has refused a taint of effect ``None`` (Kubernetes 1.34):
         such taints are left out."""
@@ -214,11 +221,14 @@ class SlicePublisher:
             self.effect_none_supported,
             self.counters_supported,
             self.shares_supported,
+            self.bindings_supported,
+            self.partition_types_supported,
         )
         if self._wanted_cache is not None and self._wanted_cache[0] == key:
             return self._wanted_cache[1]
         devices = []
         sets: list[CounterSet] = []
+        partition_type = self._partition_type()
         if self.counters_supported:
             sets, conflicts = declared_counter_sets(e.device for e in snapshot.entries)
             for name in conflicts:
@@ -233,7 +243,12 @@ class SlicePublisher:
                 # Offered without its counters, a partition could be allocated to one claim and
                 # a partition overlapping it to another: it is not offered at all.
                 continue
+            if not self.bindings_supported and entry.device.binding_conditions:
+                # Offered without them, a pod would be bound before the device is ready for it.
+                continue
             problem = consumption_problem(entry.device, by_name)
+            if problem is None and partition_type and entry.device.consumes_counters:
+                problem = partition_type_problem(entry.device, partition_type, self.driver)
             if problem is not None:
                 self._log.error("device_not_published", device=entry.device.id, error=problem)
                 continue
@@ -253,8 +268,20 @@ class SlicePublisher:
         self._wanted_cache = (key, wanted)
         return wanted
 
+    def _partition_type(self) -> str | None:
+        """The slices' ``partitionTypeAttribute``, qualified: the first plugin's that names one
+        (None where the server drops it)."""
+        if not self.partition_types_supported:
+            return None
+        for plugin in self.inventory.plugins:
+            name = plugin.dra_partition_type_attribute
+            if name:
+                return name if "/" in name else f"{self.driver}/{name}"
+        return None
+
     async def _reconcile(self, snapshot: Snapshot) -> None:
         assert self._pool is not None
+        self._pool.partition_type_attribute = self._partition_type()
         todo = plan(self._pool, self._wanted(snapshot), list(self._cache.values()), self._generation)
         if not todo:
             self._synced()
@@ -299,6 +326,8 @@ class SlicePublisher:
                         self._check_taints(obj, stored)
                         self._check_counters(obj, stored)
                         self._check_shares(obj, stored)
+                        self._check_bindings(obj, stored)
+                        self._check_partition_type(obj, stored)
                     self.writes[verb] += 1
                 except KubeError as exc:
                     if exc.status == 404 and verb != "create":
@@ -353,11 +382,7 @@ class SlicePublisher:
             self._mark()
 
     def _check_shares(self, sent: dict[str, Any], stored: dict[str, Any]) -> None:
-        if not self.shares_supported:
-            return
-        shared = any(d.get("allowMultipleAllocations") for d in sent["spec"].get("devices") or ())
-        kept = any(d.get("allowMultipleAllocations") for d in (stored.get("spec") or {}).get("devices") or ())
-        if shared and not kept:
+        if self.shares_supported and _dropped("allowMultipleAllocations", sent, stored):
             self.shares_supported = False
             self._log.warning(
                 "shared_devices_dropped",
@@ -365,6 +390,30 @@ class SlicePublisher:
                 "shared devices are published as ordinary ones, each allocated to one claim at a "
                 "time; enable the DRAConsumableCapacity feature (on by default from Kubernetes "
                 "1.36) and restart the driver to share them",
+            )
+            self._mark()
+
+    def _check_bindings(self, sent: dict[str, Any], stored: dict[str, Any]) -> None:
+        if self.bindings_supported and _dropped("bindingConditions", sent, stored):
+            self.bindings_supported = False
+            self._log.warning(
+                "binding_conditions_dropped",
+                note="the API server drops binding conditions (DRADeviceBindingConditions off): "
+                "devices with binding conditions are left out of the slices, or pods would be "
+                "bound before their devices are ready; enable the feature (on by default from "
+                "Kubernetes 1.36) and restart the driver to offer them",
+            )
+            self._mark()
+
+    def _check_partition_type(self, sent: dict[str, Any], stored: dict[str, Any]) -> None:
+        kept = (stored.get("spec") or {}).get("partitionTypeAttribute")
+        if self.partition_types_supported and sent["spec"].get("partitionTypeAttribute") and not kept:
+            self.partition_types_supported = False
+            self._log.info(
+                "partition_type_attribute_dropped",
+                note="the API server drops partitionTypeAttribute (DRAPartitionableDevicesType "
+                "off, the default in Kubernetes 1.37): slices go without it; partitions are "
+                "allocated as before",
             )
             self._mark()
 
@@ -397,6 +446,14 @@ class SlicePublisher:
         self.errors[exc.status_label] += 1
         self.last_error = f"{verb} {obj}: {exc.status_label} {exc}"
         self._log.warning("api_error", verb=verb, object=obj, status=exc.status_label, error=str(exc))
+
+
+def _dropped(key: str, sent: dict[str, Any], stored: dict[str, Any]) -> bool:
+    """Whether a device of ``sent`` (a slice) has ``key`` and none of ``stored`` (the server's
+    answer) kept it: the server does not know the field, or its feature is off."""
+    return any(d.get(key) for d in sent["spec"].get("devices") or ()) and not any(
+        d.get(key) for d in (stored.get("spec") or {}).get("devices") or ()
+    )
 
 
 def _api_errors_only(exc: BaseException) -> bool:

@@ -100,6 +100,11 @@ def device_entry(
         out["capacity"] = {name: _capacity(device, name, shares) for name in sorted(device.capacity)}
     if device.allow_multiple_allocations and shares:
         out["allowMultipleAllocations"] = True
+    if device.binding_conditions:
+        out["bindingConditions"] = list(device.binding_conditions)
+        out["bindingFailureConditions"] = list(device.binding_failure_conditions)
+    if device.binds_to_node:
+        out["bindsToNode"] = True
     if device.consumes_counters:
         out["consumesCounters"] = [
             {"counterSet": c.counter_set, "counters": _counter_values(c.counters)}
@@ -155,6 +160,18 @@ def declared_counter_sets(devices: Iterable[Device]) -> tuple[list[CounterSet], 
     return [sets[n] for n in sorted(sets)], conflicts
 
 
+def partition_type_problem(device: Device, name: str, driver: str) -> str | None:
+    """Why ``device``, which consumes counters, cannot be published in a slice whose
+    ``partitionTypeAttribute`` is ``name`` (qualified), or None: it must carry it as a string."""
+    bare = name.removeprefix(f"{driver}/")
+    value = device.attributes.get(name, device.attributes.get(bare))
+    if value is None:
+        return f"consumes counters but has no attribute {bare}, the driver's partition type attribute"
+    if not isinstance(value, str):
+        return f"its partition type attribute {bare} is {value!r}, not a string"
+    return None
+
+
 def consumption_problem(device: Device, sets: dict[str, CounterSet]) -> str | None:
     """Why ``device``'s counter consumption cannot be published with ``sets``, or None."""
     for consumption in device.consumes_counters:
@@ -204,6 +221,8 @@ class Pool:
     driver: str
     node: str
     node_uid: str
+    partition_type_attribute: str | None = None
+    """The ``partitionTypeAttribute`` of the slices that hold devices consuming counters."""
 
     def slice_object(
         self, index: int, generation: int, count: int, devices: list[dict[str, Any]]
@@ -238,6 +257,8 @@ class Pool:
             spec["sharedCounters"] = list(devices)
         else:
             spec["devices"] = devices
+            if self.partition_type_attribute and any("consumesCounters" in d for d in devices):
+                spec["partitionTypeAttribute"] = self.partition_type_attribute
         return spec
 
 

@@ -25,7 +25,7 @@ SHARED = Device(
     capacity={"shares": 4, "memory": "8Gi"},
     allow_multiple_allocations=True,
     request_policies={
-        "shares": CapacityRequestPolicy(default=1, min=1, step=1),
+        "shares": CapacityRequestPolicy(default="1", min="1", step="1"),
         "memory": CapacityRequestPolicy(default="1Gi", valid_values=("1Gi", "2Gi", "4Gi")),
     },
 )

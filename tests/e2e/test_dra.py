@@ -200,6 +200,68 @@ def test_shares_of_one_device_go_to_several_claims_up_to_its_capacity(
         assert driver.poll() is None, log_of(driver)
 
 
+def test_a_device_with_binding_conditions_waits_for_its_controller(
+    node: Node, tmp_path: Path, fake_class: str
+) -> None:
+    """Binding conditions (KEP-5007, beta and on in 1.37): the real scheduler allocates the
+    device but binds the pod only once a controller (here the test, as a driver's own controller
+    would) sets the condition True in the claim's status.devices; then the kubelet has the claim
+    prepared and the pod runs."""
+    attached, failed = f"{FAKE_DRIVER}/attached", f"{FAKE_DRIVER}/attach-failed"
+    device = {"id": "fake-0", "binding_conditions": [attached], "binding_failure_conditions": [failed]}
+    state = tmp_path / "devices.json"
+    state.write_text(json.dumps({"devices": [device]}))
+    with fake_driver(node, tmp_path, "--state-file", str(state)) as driver:
+        (published_device,) = wait_for(
+            "the driver's slices", lambda: list(published(node, FAKE_DRIVER).values())
+        )
+        assert published_device["bindingConditions"] == [attached]  # kept: the feature is on
+        assert published_device["bindingFailureConditions"] == [failed]
+        node.apply(claim("attach-me", fake_class))
+        try:
+            node.run_pod("dra-bound", claims=[{"name": "dev", "resourceClaimName": "attach-me"}], wait=False)
+            (result,) = wait_for(
+                "the claim allocated, the pod waiting for the binding condition",
+                lambda: (
+                    node.get("resourceclaim", "attach-me")
+                    .get("status", {})
+                    .get("allocation", {})
+                    .get("devices", {})
+                    .get("results")
+                ),
+            )
+            assert result["bindingConditions"] == [attached]
+            assert not node.get("pod", "dra-bound")["spec"].get("nodeName")  # not bound yet
+            status = {
+                "devices": [
+                    {
+                        "driver": result["driver"],
+                        "pool": result["pool"],
+                        "device": result["device"],
+                        "conditions": [
+                            {
+                                "type": attached,
+                                "status": "True",
+                                "reason": "Attached",
+                                "message": "attached by the test's controller",
+                                "lastTransitionTime": "2026-01-01T00:00:00Z",
+                            }
+                        ],
+                    }
+                ]
+            }
+            node.kubectl(
+                "patch", "resourceclaim", "attach-me", "-n", "default", "--subresource=status",
+                "--type=merge", "-p", json.dumps({"status": status}),
+            )  # fmt: skip
+            node.wait_running("dra-bound", timeout=120)
+            assert node.pod_env("dra-bound")["FAKE_VISIBLE_DEVICES"] == "fake-0"
+        finally:
+            node.delete("pod", "dra-bound")
+            node.delete("resourceclaim", "attach-me")
+        assert driver.poll() is None, log_of(driver)
+
+
 def test_kubelet_restart_slices_come_back_and_the_pod_keeps_running(
     node: Node, tmp_path: Path, fake_class: str
 ) -> None:

@@ -101,6 +101,7 @@ def test_the_base_class_holds_only_the_authors_api() -> None:
     assert {n for n in dir(DevicePlugin) if not n.startswith("_")} == {
         "allocate",
         "cdi_spec",
+        "dra_partition_type_attribute",
         "dra_standard_attributes",
         "from_settings",
         "log",
