@@ -208,6 +208,22 @@ class DraGroup(SettingsGroup):
     """api=dra: this pod's UID (default: the POD_UID environment variable); when set, the
     sockets carry it, so an old and a new pod of a rolling update serve side by side."""
 
+    device_metadata: bool = False
+    """api=dra: per prepared claim and request, write the devices' attributes as a metadata file
+    and a CDI spec mounting it in the containers at
+    /var/run/kubernetes.io/dra-device-attributes/ (KEP-5304, as the Go helper's
+    EnableDeviceMetadata, off by default there too)."""
+    device_metadata_versions: tuple[str, ...] = ("v1beta1", "v1alpha1")
+    """api=dra: the metadata.resource.k8s.io versions each metadata file holds, in order
+    (v1beta1 is required; v1alpha1 for readers built against Kubernetes 1.36)."""
+
+    @field_validator("device_metadata_versions")
+    @classmethod
+    def _metadata_versions(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from devplug._dra.metadata import check_versions
+
+        return check_versions(value)
+
     @field_validator("driver_name")
     @classmethod
     def _driver_name(cls, value: str | None) -> str | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
@@ -29,7 +29,18 @@ from devplug._cdi_files import write_atomically
 from devplug._dra.allocation import AllocationError, PreparedEntry, parse_allocation
 from devplug._dra.checkpoint import PreparedClaim
 from devplug._dra.lock import DriverLock, LockTimeout, lock_wait
+from devplug._dra.metadata import (
+    CDI_CLASS,
+    MetadataDevice,
+    MetadataError,
+    add_cdi_ids,
+    claim_removal,
+    plan_metadata,
+    remove_metadata,
+    write_metadata,
+)
 from devplug._dra.names import cdi_device, cdi_kind, claim_spec_file
+from devplug._dra.slices import device_entry
 from devplug._hooks import overrides
 from devplug._quantity import quantity
 from devplug._text import counted, os_error_text
@@ -43,6 +54,7 @@ if TYPE_CHECKING:
     from devplug._dra.allocation import Allocation, DeviceConfig, DeviceResult
     from devplug._dra.checkpoint import Checkpoint
     from devplug._dra.inventory import Inventory
+    from devplug._dra.metadata import MetadataPlan, MetadataRemoval
     from devplug._resource_claim import ResourceClaimDict
     from devplug.cdi import CdiSpec
     from devplug.checks import CheckMode
@@ -86,6 +98,7 @@ class Preparer:
         lock_file: Path | None = None,
         host_path_check: CheckMode = "warn",
         host_root: Path | str = "/",
+        metadata: MetadataOptions | None = None,
     ) -> None:
         self.driver = driver
         self.node = node
@@ -97,6 +110,7 @@ class Preparer:
         self._lock = DriverLock(lock_file, log)
         self._host_path_check: CheckMode = host_path_check
         self._host_root = host_root
+        self._metadata = metadata
         self._sequence = itertools.count(1)
         self._running: set[int] = set()  # start numbers of the prepares in progress
         self._unprepared: dict[str, int] = {}  # claim UID -> number of its last unprepare
@@ -180,6 +194,7 @@ class Preparer:
         if done is not None:
             _check_recorded_shares(ref, done, read.allocation.results_of(self.driver))
             await self._restore_spec(done)
+            await self._restore_metadata(ref, read, done)
             self._log.info("claim_prepared_again", claim=str(ref), uid=ref.uid)
             return done.devices
         devices = self._devices_of(ref, read.allocation.results_of(self.driver))
@@ -214,9 +229,12 @@ class Preparer:
                 record.resources.append(plugin.resource_name)
                 own_spec = _handed_spec(ref, own_spec, prepared)
             _record_spec(record, self.driver, ref, edits, own_spec)
-            # One trip to a worker thread: the spec first (it must exist before the kubelet is
-            # answered), then the checkpoint that records it.
-            await anyio.to_thread.run_sync(self._persist, ref, record)
+            metadata = self._metadata_plan(ref, read, devices)
+            if metadata is not None:
+                record.devices = add_cdi_ids(record.devices, metadata.cdi_device_ids)
+            # One trip to a worker thread: the metadata and the spec first (they must exist
+            # before the kubelet is answered), then the checkpoint that records them.
+            await anyio.to_thread.run_sync(self._persist, ref, record, metadata)
         except BaseException:
             if ref.uid not in self.checkpoint.claims:
                 # Nothing recorded, so no unprepare will come for this claim: undo what was done
@@ -336,12 +354,106 @@ class Preparer:
             log.error("allocate_refused", devices=ids, error=str(exc))
             raise ClaimError(f"claim {ref}: allocate for {ids}: {exc}") from None
 
-    def _persist(self, ref: ClaimRef, record: PreparedClaim) -> None:
-        """Write ``record``'s spec, then checkpoint it (in a worker thread).
+    def _metadata_plan(
+        self, ref: ClaimRef, read: _Read, devices: list[AllocatedDevice]
+    ) -> MetadataPlan | None:
+        """The claim's device metadata files (``device_metadata`` on), else None.
 
         Raises:
-            ClaimError: either could not be written; the claim is then not recorded.
+            ClaimError: a name cannot be written as metadata (the message says which).
         """
+        if self._metadata is None or not self._metadata.enabled or not devices:
+            return None
+        entries = self.inventory.current.by_name
+        described = [
+            MetadataDevice.from_slice(
+                d.request, d.pool, device_entry(entries[d.name], self.driver, taint_unhealthy=False)
+            )
+            for d in devices
+        ]
+        try:
+            return plan_metadata(
+                self.driver,
+                read.claim,
+                described,
+                host_dir=self._metadata.host_dir,
+                cdi_dir=self.cdi_dir,
+                versions=self._metadata.versions,
+            )
+        except (MetadataError, ValueError) as exc:
+            raise ClaimError(f"claim {ref}: device metadata: {exc}") from None
+
+    async def _restore_metadata(self, ref: ClaimRef, read: _Read, record: PreparedClaim) -> None:
+        """Write again the metadata files of a claim prepared with them that have gone missing
+        (a reboot empties /var/run/cdi, where their CDI specs are)."""
+        if self._metadata is None or not _has_metadata(self.driver, record):
+            return
+        results = read.allocation.results_of(self.driver)
+        try:
+            plan = self._metadata_plan(ref, read, self._devices_of_record(results))
+        except ClaimError as exc:
+            self._log.warning("metadata_not_restored", claim=str(ref), uid=ref.uid, error=str(exc))
+            return
+        if plan is None:
+            return
+        missing = [f for f in plan.files if not f.path.exists()]
+        if missing:
+            try:
+                await anyio.to_thread.run_sync(write_metadata, replace(plan, files=tuple(missing)))
+            except OSError as exc:
+                raise ClaimError(f"claim {ref}: {os_error_text(exc, 'write the device metadata')}") from None
+            self._log.info("metadata_restored", claim=str(ref), files=[str(f.path) for f in missing])
+
+    def _devices_of_record(self, results: list[DeviceResult]) -> list[AllocatedDevice]:
+        """The claim's devices this driver still lists, as at prepare (for its metadata)."""
+        by_name = self.inventory.current.by_name
+        return [
+            AllocatedDevice(request=r.request, name=r.device, pool=r.pool, device=by_name[r.device].device)
+            for r in results
+            if r.device in by_name
+        ]
+
+    def _metadata_removal(self, ref: ClaimRef, record: PreparedClaim) -> MetadataRemoval | None:
+        """What the claim's metadata left on the node, less what another prepared claim of the
+        same name (deleted and made again) has in the same place; None if it had none."""
+        if not _has_metadata(self.driver, record):
+            return None
+        host_dir = self._metadata.host_dir if self._metadata else None
+        if host_dir is None:
+            return None
+
+        def removal(uid: str, claim: PreparedClaim) -> MetadataRemoval:
+            requests = {r for d in claim.devices for r in d.requests}
+            return claim_removal(
+                self.driver,
+                uid,
+                claim.namespace,
+                claim.name,
+                requests,
+                host_dir=host_dir,
+                cdi_dir=self.cdi_dir,
+            )
+
+        mine = removal(ref.uid, record)
+        kept = {
+            path
+            for uid, other in self.checkpoint.claims.items()
+            if uid != ref.uid and (other.namespace, other.name) == (record.namespace, record.name)
+            for path in removal(uid, other).files
+        }
+        return replace(mine, files=tuple(p for p in mine.files if p not in kept))
+
+    def _persist(self, ref: ClaimRef, record: PreparedClaim, metadata: MetadataPlan | None = None) -> None:
+        """Write ``metadata``'s files and ``record``'s spec, then checkpoint it (in a worker thread).
+
+        Raises:
+            ClaimError: any could not be written; the claim is then not recorded.
+        """
+        if metadata is not None:
+            try:
+                write_metadata(metadata)
+            except OSError as exc:
+                raise ClaimError(f"claim {ref}: {os_error_text(exc, 'write the device metadata')}") from None
         if record.spec_file:
             self._write_spec(record)
         self.checkpoint.claims[ref.uid] = record
@@ -418,6 +530,12 @@ class Preparer:
         if record.spec_file:
             with contextlib.suppress(FileNotFoundError):
                 (self.cdi_dir / record.spec_file).unlink()
+        removal = self._metadata_removal(ref, record)
+        if removal is not None:
+            try:
+                remove_metadata(removal)
+            except OSError as exc:
+                raise ClaimError(f"claim {ref}: {os_error_text(exc, 'remove the device metadata')}") from None
         del self.checkpoint.claims[ref.uid]
         try:
             self.checkpoint.save()
@@ -487,6 +605,12 @@ class Preparer:
             path = self.cdi_dir / record.spec_file
             with contextlib.suppress(FileNotFoundError):
                 await anyio.to_thread.run_sync(path.unlink)
+        removal = self._metadata_removal(ref, record)
+        if removal is not None:
+            try:
+                await anyio.to_thread.run_sync(remove_metadata, removal)
+            except OSError as exc:
+                self._log.warning("rollback_failed", claim=str(ref), uid=ref.uid, error=str(exc))
 
     # -- serialization --------------------------------------------------------------------------
 
@@ -638,6 +762,23 @@ def _asked_share(item: PreparedDevice, candidates: list[AllocatedDevice]) -> All
             f"{len(candidates)} shares of it: say which one each answer is for"
         )
     return candidates[0]
+
+
+@dataclass(frozen=True)
+class MetadataOptions:
+    """Device metadata: whether prepares write it (``device_metadata``), where its files go and
+    the versions they hold. Given with ``enabled`` False too, so that an unprepare still removes
+    what a prepare made while it was on."""
+
+    host_dir: Path
+    versions: tuple[str, ...]
+    enabled: bool = True
+
+
+def _has_metadata(driver: str, record: PreparedClaim) -> bool:
+    """Whether the claim was prepared with device metadata: its answer names a metadata CDI device."""
+    mark = f"{driver}/{CDI_CLASS}="
+    return any(i.startswith(mark) for d in record.devices for i in d.cdi_device_ids)
 
 
 def _check_recorded_shares(ref: ClaimRef, record: PreparedClaim, results: list[DeviceResult]) -> None:

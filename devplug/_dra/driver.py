@@ -28,10 +28,11 @@ import grpc
 import structlog
 
 from devplug._dra.checkpoint import FILE_NAME, Checkpoint
-from devplug._dra.claims import ClaimError, Preparer
+from devplug._dra.claims import ClaimError, MetadataOptions, Preparer
 from devplug._dra.inventory import Inventory
 from devplug._dra.kube import KubeError, load_client
 from devplug._dra.lock import hold_exclusive
+from devplug._dra.metadata import default_host_dir
 from devplug._dra.names import default_driver_name
 from devplug._dra.publisher import SlicePublisher
 from devplug._dra.servicer import (
@@ -242,6 +243,11 @@ class DraService:
             lock_file=self.state_dir / "serialize.lock" if self.settings.pod_uid else None,
             host_path_check=self.settings.host_path_check,
             host_root=self.settings.host_root,
+            metadata=MetadataOptions(
+                host_dir=default_host_dir(self.data_dir),
+                versions=self.settings.device_metadata_versions,
+                enabled=self.settings.device_metadata,
+            ),
         )
 
     def _claim_sockets(self) -> None:

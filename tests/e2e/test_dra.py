@@ -262,6 +262,39 @@ def test_a_device_with_binding_conditions_waits_for_its_controller(
         assert driver.poll() is None, log_of(driver)
 
 
+def test_device_metadata_is_mounted_in_the_container(node: Node, tmp_path: Path, fake_class: str) -> None:
+    """--device-metadata (KEP-5304): containerd applies the metadata's CDI spec, and the
+    container reads its device's attributes at the path the Go helper's consumers expect."""
+    root = "/var/run/kubernetes.io/dra-device-attributes"
+    path = f"{root}/resourceclaims/with-meta/dev/{FAKE_DRIVER}-metadata.json"
+    with fake_driver(node, tmp_path, "--device-metadata") as driver:
+        wait_for("the driver's slices", lambda: len(published(node, FAKE_DRIVER)) == 4)
+        node.apply(claim("with-meta", fake_class))
+        try:
+            node.run_pod(
+                "dra-meta",
+                claims=[{"name": "dev", "resourceClaimName": "with-meta"}],
+                command=f"echo METADATA; cat {path}; echo; echo END; sleep 3600",
+            )
+            (device,) = allocated_devices(node, "dra-meta")
+            text = node.logs("dra-meta", "END").split("METADATA", 1)[1].split("END", 1)[0]
+            first = json.JSONDecoder().raw_decode(text.strip())[0]
+            assert first["kind"] == "DeviceMetadata"
+            assert first["apiVersion"] == "metadata.resource.k8s.io/v1beta1"
+            assert first["metadata"]["name"] == "with-meta"
+            (request,) = first["requests"]
+            assert [d["name"] for d in request["devices"]] == [device]
+            assert request["devices"][0]["attributes"]["id"] == {"string": device}
+        finally:
+            node.delete("pod", "dra-meta")
+            node.delete("resourceclaim", "with-meta")
+        wait_for(
+            "the metadata's spec removed at unprepare",
+            lambda: not [p for p in node.cdi_dir.glob(f"{FAKE_DRIVER}_metadata_*")],
+        )
+        assert driver.poll() is None, log_of(driver)
+
+
 def test_kubelet_restart_slices_come_back_and_the_pod_keeps_running(
     node: Node, tmp_path: Path, fake_class: str
 ) -> None:

@@ -249,6 +249,15 @@ INTERFACE: list[tuple[str, str, str, object, str, object]] = [
     ("node_name", "--node-name", "DEVPLUG_NODE_NAME", None, "node-a", "node-a"),
     ("kubeconfig", "--kubeconfig", "DEVPLUG_KUBECONFIG", None, "/kc", Path("/kc")),
     ("pod_uid", "--pod-uid", "DEVPLUG_POD_UID", None, "uid-1", "uid-1"),
+    ("device_metadata", "--device-metadata", "DEVPLUG_DEVICE_METADATA", False, "true", True),
+    (
+        "device_metadata_versions",
+        "--device-metadata-versions",
+        "DEVPLUG_DEVICE_METADATA_VERSIONS",
+        ("v1beta1", "v1alpha1"),
+        '["v1beta1"]',
+        ("v1beta1",),
+    ),
     (
         "health",
         "--health",
@@ -302,10 +311,12 @@ def test_flag_environment_and_config_key(
 ) -> None:
     name, flag, env, _, typed, value = row
     typed, value = str(_in_tmp(typed, tmp_path)), _in_tmp(value, tmp_path)
-    assert getattr(load_settings(Settings, [flag, typed]), name) == value
+    # A switch takes no value on the command line (--x / --no-x).
+    argv = [flag] if isinstance(value, bool) and value else [flag, typed]
+    assert getattr(load_settings(Settings, argv), name) == value
     if name != "config":  # the file that names itself is the one --config gives
         config = tmp_path / "c.json"
-        config.write_text(json.dumps({name: json.loads(typed) if name == "health" else typed}))
+        config.write_text(json.dumps({name: json.loads(typed) if typed[:1] in "[{" else typed}))
         assert getattr(load_settings(Settings, ["--config", str(config)]), name) == value
     monkeypatch.setenv(env, typed)
     assert getattr(load_settings(Settings, []), name) == value
@@ -321,6 +332,7 @@ def _help_flags(cls: type[Settings], capsys: pytest.CaptureFixture[str]) -> set[
 def test_help_lists_every_flag(cls: type[Settings], capsys: pytest.CaptureFixture[str]) -> None:
     flags = _help_flags(cls, capsys)
     runner = {row[1] for row in INTERFACE} | set(HEALTH_FLAGS) | {"--help", "--version"}
+    runner |= {f"--no-{row[1][2:]}" for row in INTERFACE if isinstance(row[3], bool)}
     assert runner <= flags
     if cls is Settings:
         assert flags == runner
@@ -331,7 +343,12 @@ def test_help_lists_every_flag(cls: type[Settings], capsys: pytest.CaptureFixtur
 def test_backends_keep_the_runner_settings(cls: type[Settings]) -> None:
     defaults = load_settings(cls, [])
     assert {row[0]: getattr(defaults, row[0]) for row in INTERFACE} == {row[0]: row[3] for row in INTERFACE}
-    argv = [part for row in INTERFACE if row[0] != "config" for part in (row[1], row[4])]
+    argv = [
+        part
+        for row in INTERFACE
+        if row[0] != "config"
+        for part in ((row[1],) if isinstance(row[5], bool) else (row[1], row[4]))
+    ]
     given = load_settings(cls, argv)
     assert {row[0]: getattr(given, row[0]) for row in INTERFACE if row[0] != "config"} == {
         row[0]: row[5] for row in INTERFACE if row[0] != "config"
