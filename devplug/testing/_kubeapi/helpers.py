@@ -17,7 +17,7 @@ from devplug.testing._kubeapi.scheduler import AllocationError, allocate
 from devplug.testing._kubeapi.status import APIError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from devplug.testing._kubeapi.resources import Kind
     from devplug.testing._kubeapi.store import Store
@@ -141,30 +141,39 @@ class KubeAPIHelpers:
         uid: str | None = None,
         device_class: str = "gpu.example.com",
         config: list[dict[str, Any]] | None = None,
+        capacity: Mapping[str, Mapping[str, str | int]] | None = None,
     ) -> dict[str, Any]:
         """Create a ResourceClaim with ExactCount requests and return it.
 
         Each request is ``(name, count)`` or ``(name, [device, ...])``: the latter asks for those
         devices by name (remembered by this fake for :meth:`allocate_claim`; the stored spec has
         their count). ``config`` entries (``{"requests": [...], "opaque": {...}}``) go to
-        ``spec.devices.config``.
+        ``spec.devices.config``. ``capacity`` maps a request's name to the capacity it asks of
+        each device (``{"gpu": {"memory": "4Gi"}}``: ``exactly.capacity.requests``, consumable
+        capacity, KEP-5075).
+
+        Raises:
+            ValueError: ``capacity`` names a request that is not in ``requests``.
+            APIError: the API server would refuse the claim, as for an amount that is not a
+                quantity (400, ``quantities must match the regular expression ...``).
         """
+        unknown = sorted(set(capacity or {}) - {request for request, _ in requests})
+        if unknown:
+            raise ValueError(f"capacity for requests that the claim does not have: {', '.join(unknown)}")
         wanted: list[dict[str, Any]] = []
         wishes: dict[str, list[str]] = {}
         for request, need in requests:
             if isinstance(need, list):
                 wishes[request] = list(need)
             count = len(need) if isinstance(need, list) else need
-            wanted.append(
-                {
-                    "name": request,
-                    "exactly": {
-                        "deviceClassName": device_class,
-                        "allocationMode": "ExactCount",
-                        "count": count,
-                    },
-                }
-            )
+            exactly: dict[str, Any] = {
+                "deviceClassName": device_class,
+                "allocationMode": "ExactCount",
+                "count": count,
+            }
+            if capacity and request in capacity:
+                exactly["capacity"] = {"requests": dict(capacity[request])}
+            wanted.append({"name": request, "exactly": exactly})
         devices: dict[str, Any] = {"requests": wanted}
         if config:
             devices["config"] = copy.deepcopy(config)
@@ -226,6 +235,13 @@ class KubeAPIHelpers:
         devices) first fit. ``config`` entries become ``status.allocation.devices.config``
         (see the scheduler module). The pod is ``pod_name`` (default ``<claim>-pod``) with UID
         ``pod_uid`` (default: derived from the claim UID).
+
+        Consumable capacity (KEP-5075): a device with ``allowMultipleAllocations: true`` is
+        shared: each request that takes it gets a result with a new ``shareID`` and the
+        ``consumedCapacity`` of each of its capacities (the request's ``capacity.requests``
+        rounded up by the capacity's ``requestPolicy``, its default, or the whole capacity),
+        and it is taken only while the shares of all claims stay within its capacities. A
+        device asked for a capacity it lacks, or for more than its policy allows, is not taken.
 
         Raises:
             AllocationError: the scheduler could not allocate it (the message says why).

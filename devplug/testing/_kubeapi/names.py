@@ -7,7 +7,10 @@ Each ``is_*`` function returns the list of messages the Go function of the same 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from decimal import ROUND_UP, Context, Decimal, localcontext
 
+from devplug._quantity import QUANTITY, quantity
 from devplug.testing._kubeapi.status import FieldError, invalid, too_long, type_invalid
 
 DNS1123_LABEL_MAX = 63
@@ -38,6 +41,11 @@ _SEMVER_RE = re.compile(
 
 # resource.Quantity: a decimal number and one suffix (binary SI, decimal SI or an exponent).
 QUANTITY_ERROR = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+INT64_MAX = 2**63 - 1
+
+_NANO = Decimal("1e-9")
+_DECIMAL_SUFFIXES = {-9: "n", -6: "u", -3: "m", 0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
+_BINARY_SUFFIXES = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
 
 
 def _regex_error(message: str, fmt: str, *examples: str) -> str:
@@ -194,3 +202,91 @@ def dns_label(value: str, path: str) -> list[FieldError]:
 
 def dns_subdomain(value: str, path: str) -> list[FieldError]:
     return [invalid(path, value, m) for m in is_dns1123_subdomain(value)]
+
+
+# -- resource.Quantity: a value and the format its text chose ------------------------------------
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """A ``resource.Quantity``: its exact value and its format (``DecimalSI``, ``BinarySI`` or
+    ``DecimalExponent``, as the suffix it was written with says); ``str()`` is the canonical text
+    the API server writes (``String()``: ``1024Mi`` is ``1Gi``, ``1000`` is ``1k``, ``0.5`` is
+    ``500m``). Compare quantities by ``value``."""
+
+    value: Decimal
+    format: str = "DecimalSI"
+
+    @classmethod
+    def parse(cls, raw: object) -> Quantity:
+        """A quantity as JSON (string or number), rounded up to a nano as ``ParseQuantity`` does.
+
+        Raises:
+            ValueError: not a quantity.
+        """
+        value = quantity(raw)
+        exponent = value.as_tuple().exponent
+        if isinstance(exponent, int) and exponent < -9:
+            with localcontext(Context(prec=200)):
+                value = value.quantize(_NANO, rounding=ROUND_UP)
+        suffix = ""
+        if isinstance(raw, str):
+            match = QUANTITY.fullmatch(raw)
+            suffix = (match[2] if match else None) or ""
+        if suffix.endswith("i"):
+            return cls(value, "BinarySI")
+        if len(suffix) > 1:  # an exponent: 1e3, 5E-2
+            return cls(value, "DecimalExponent")
+        return cls(value, "DecimalSI")
+
+    def __str__(self) -> str:
+        return canonical_quantity(self.value, self.format)
+
+    def int_value(self) -> int:
+        """``Value()``: the value rounded away from zero to an integer."""
+        with localcontext(Context(prec=200)):
+            return int(self.value.to_integral_value(rounding=ROUND_UP))
+
+    def milli_value(self) -> int:
+        """``MilliValue()``: the value in thousandths, rounded away from zero."""
+        with localcontext(Context(prec=200)):
+            return int((self.value * 1000).to_integral_value(rounding=ROUND_UP))
+
+    def milli_exact(self) -> bool:
+        """Whether ``MilliValue()`` holds the value without loss (and within an int64)."""
+        with localcontext(Context(prec=200)):
+            milli = self.value * 1000
+            return milli == milli.to_integral_value() and abs(milli) <= INT64_MAX
+
+    def is_fractional(self) -> bool:
+        return self.value != self.value.to_integral_value()
+
+
+def canonical_quantity(value: Decimal, fmt: str = "DecimalSI") -> str:
+    """The text ``resource.Quantity`` writes for ``value`` in format ``fmt`` (CanonicalizeBytes).
+
+    Zero is ``0``. BinarySI stays binary only for whole numbers of at least 1024 in magnitude
+    (``1536Mi``, ``1Gi``), otherwise it is written as DecimalSI. Decimal formats move every factor
+    of ten into an exponent that is a multiple of three: an SI suffix for DecimalSI (``1500``,
+    ``15k``, ``500m``, ``1500m``), ``e<n>`` for DecimalExponent (``1e3``).
+    """
+    if value == 0:
+        return "0"
+    with localcontext(Context(prec=200)):  # exact for every quantity, as in _quantity
+        sign = "-" if value < 0 else ""
+        value = abs(value)
+        if fmt == "BinarySI" and value >= 1024 and value == value.to_integral_value():
+            number, power = int(value), 0
+            while number % 1024 == 0 and power < len(_BINARY_SUFFIXES) - 1:
+                number, power = number // 1024, power + 1
+            return f"{sign}{number}{_BINARY_SUFFIXES[power]}"
+        _, digits, exponent = value.normalize().as_tuple()
+    mantissa = int("".join(map(str, digits)))
+    exp = int(exponent)
+    while exp % 3:
+        mantissa, exp = mantissa * 10, exp - 1
+    if fmt == "DecimalExponent":
+        return f"{sign}{mantissa}{f'e{exp}' if exp else ''}"
+    if exp in _DECIMAL_SUFFIXES:
+        return f"{sign}{mantissa}{_DECIMAL_SUFFIXES[exp]}"
+    return f"{sign}{mantissa}e{exp}"  # beyond E (past an int64): no SI suffix

@@ -86,8 +86,14 @@ class FakeKubeAPI(KubeAPIHelpers):
     attributes (dropped) are kept; the ``spec.pool.name`` field selector (1.37) is served;
     ResourceClaims are validated for metadata, spec immutability and status rules only;
     :meth:`allocate_claim` evaluates no CEL selectors or device classes (it does honour taints,
-    other claims' devices and shared counters, as the scheduler does). The DRADeviceTaints
-    feature gate is ``device_taints``, DRAPartitionableDevices ``partitionable_devices``.
+    other claims' devices, shared counters and consumable capacity, as the scheduler does:
+    devices with ``allowMultipleAllocations`` are shared, each share with a ``shareID`` and its
+    ``consumedCapacity``, within the devices' capacities and ``requestPolicy``). The
+    DRADeviceTaints feature gate is ``device_taints``, DRAPartitionableDevices
+    ``partitionable_devices``; DRAConsumableCapacity (beta, on by default) is on, with its
+    fields validated as the API server does (``requestPolicy`` only with
+    ``allowMultipleAllocations``, its ``validValues`` or ``validRange`` with a valid
+    ``default``), and DRAFractionalCapacityRange off, as in a default 1.37 cluster.
 
     Attributes:
         requests: every answered request as a :class:`RecordedRequest`.

@@ -26,6 +26,11 @@ LIST_ATTRIBUTE_FIELDS = ("bools", "ints", "strings", "versions")
 # spec and in each device.
 PARTITIONABLE_SPEC_FIELDS = ("sharedCounters", "perDeviceNodeSelection")
 PARTITIONABLE_DEVICE_FIELDS = ("consumesCounters", "nodeName", "nodeSelector", "allNodes")
+# What the DRAConsumableCapacity gate governs (beta, on by default from 1.36): a device's
+# ``allowMultipleAllocations`` and its capacities' ``requestPolicy``; a claim's capacity requests
+# and ``distinctAttribute`` constraints; an allocation result's ``shareID`` and ``consumedCapacity``
+# and a device status's ``shareID``.
+CONSUMABLE_RESULT_FIELDS = ("shareID", "consumedCapacity")
 
 
 def decode_body(kind: Kind, body: Any, *, strict: bool) -> list[str]:
@@ -52,6 +57,8 @@ def decode_body(kind: Kind, body: Any, *, strict: bool) -> list[str]:
         raise cannot_decode(kind.names, "strict decoding error: " + ", ".join(unknown))
     if kind.plural == "resourceslices" and (errors := decode_errors(body)):
         raise cannot_decode(kind.names, errors[0])
+    if kind.plural == "resourceclaims" and (errors := claim_decode_errors(body)):
+        raise cannot_decode(kind.names, errors[0])
     body["apiVersion"], body["kind"] = kind.api_version, kind.names.kind
     body.setdefault("metadata", {})
     return unknown
@@ -73,13 +80,25 @@ def validate(kind: Kind, new: dict[str, Any], old: dict[str, Any] | None, subres
 
 
 def prepare_create(
-    kind: Kind, body: dict[str, Any], *, device_taints: bool, partitionable_devices: bool = True
+    kind: Kind,
+    body: dict[str, Any],
+    *,
+    device_taints: bool,
+    partitionable_devices: bool = True,
+    consumable_capacity: bool = True,
 ) -> None:
-    """PrepareForCreate: a new claim has no status; a slice loses the fields a default server drops."""
+    """PrepareForCreate: a new claim has no status; a slice or a claim loses the fields a server
+    with those gates drops."""
     if kind.plural == "resourceclaims":
         body.pop("status", None)
+        drop_disabled_claim_fields(body, consumable_capacity=consumable_capacity)
     if kind.plural == "resourceslices":
-        drop_disabled_fields(body, device_taints=device_taints, partitionable_devices=partitionable_devices)
+        drop_disabled_fields(
+            body,
+            device_taints=device_taints,
+            partitionable_devices=partitionable_devices,
+            consumable_capacity=consumable_capacity,
+        )
 
 
 def prepare_update(
@@ -90,6 +109,7 @@ def prepare_update(
     *,
     device_taints: bool,
     partitionable_devices: bool = True,
+    consumable_capacity: bool = True,
 ) -> dict[str, Any]:
     """PrepareForUpdate: what an update keeps from the stored object, and the generation."""
     meta, old_meta = new["metadata"], old["metadata"]
@@ -99,6 +119,8 @@ def prepare_update(
         if new["status"] is None:
             del new["status"]
         new["metadata"] = copy.deepcopy(old_meta)
+        if kind.plural == "resourceclaims":
+            drop_disabled_claim_status_fields(new, old, consumable_capacity=consumable_capacity)
         return new
     for kept in ("uid", "creationTimestamp", "deletionTimestamp", "generation", "namespace"):
         if kept in old_meta:
@@ -116,17 +138,38 @@ def prepare_update(
         meta["generation"] = old_meta.get("generation", 0) + 1
     if kind.plural == "resourceslices":
         drop_disabled_fields(
-            new, old, device_taints=device_taints, partitionable_devices=partitionable_devices
+            new,
+            old,
+            device_taints=device_taints,
+            partitionable_devices=partitionable_devices,
+            consumable_capacity=consumable_capacity,
         )
+    if kind.plural == "resourceclaims":
+        drop_disabled_claim_fields(new, old, consumable_capacity=consumable_capacity)
     return new
 
 
+def _policy_values(capacity: dict[str, Any]) -> list[Any]:
+    """The quantities of a capacity's requestPolicy."""
+    policy = capacity.get("requestPolicy")
+    if not isinstance(policy, dict):
+        return []
+    values = [policy.get("default"), *(policy.get("validValues") or [])]
+    bounds = policy.get("validRange")
+    if isinstance(bounds, dict):
+        values += [bounds.get("min"), bounds.get("max"), bounds.get("step")]
+    return values
+
+
 def decode_errors(obj: dict[str, Any]) -> list[str]:
-    """What keeps a slice from being decoded: capacity and counter values that are not quantities."""
+    """What keeps a slice from being decoded: capacity (requestPolicy included) and counter values
+    that are not quantities."""
     spec = obj.get("spec") or {}
     values: list[Any] = []
     for device in spec.get("devices") or []:
-        values += [c.get("value") for c in (device.get("capacity") or {}).values() if isinstance(c, dict)]
+        for c in (device.get("capacity") or {}).values():
+            if isinstance(c, dict):
+                values += [c.get("value"), *_policy_values(c)]
         for consumption in device.get("consumesCounters") or []:
             values += [
                 c.get("value") for c in (consumption.get("counters") or {}).values() if isinstance(c, dict)
@@ -138,22 +181,54 @@ def decode_errors(obj: dict[str, Any]) -> list[str]:
     return [QUANTITY_ERROR for v in values if v is not None and not is_quantity(v)][:1]
 
 
+def _claim_requests(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """A claim's requests and subrequests: what may carry ``capacity``."""
+    found: list[dict[str, Any]] = []
+    for request in ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        if not isinstance(request, dict):
+            continue
+        if isinstance(request.get("exactly"), dict):
+            found.append(request["exactly"])
+        found += [sub for sub in request.get("firstAvailable") or [] if isinstance(sub, dict)]
+    return found
+
+
+def _claim_results(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    allocation = (obj.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    return [r for r in results if isinstance(r, dict)]
+
+
+def claim_decode_errors(obj: dict[str, Any]) -> list[str]:
+    """What keeps a claim from being decoded: capacity requests and consumed capacities that are
+    not quantities."""
+    values: list[Any] = []
+    for request in _claim_requests(obj):
+        values += list(((request.get("capacity") or {}).get("requests") or {}).values())
+    for result in _claim_results(obj):
+        values += list((result.get("consumedCapacity") or {}).values())
+    return [QUANTITY_ERROR for v in values if v is not None and not is_quantity(v)][:1]
+
+
 def drop_disabled_fields(
     obj: dict[str, Any],
     old: dict[str, Any] | None = None,
     *,
     device_taints: bool,
     partitionable_devices: bool = True,
+    consumable_capacity: bool = True,
 ) -> None:
     """Remove what a default API server drops on write: list attributes; taints without
     DRADeviceTaints; without DRAPartitionableDevices, ``sharedCounters``,
     ``perDeviceNodeSelection`` and the devices' ``consumesCounters``, ``nodeName``,
     ``nodeSelector`` and ``allNodes``, unless the stored object ``old`` (an update) already
-    uses one of them."""
+    uses one of them; without DRAConsumableCapacity, the devices' ``allowMultipleAllocations``
+    and their capacities' ``requestPolicy``, unless ``old`` uses one of those."""
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         return
     drop_partitionable = not partitionable_devices and not partitionable_in_use(old)
+    drop_consumable = not consumable_capacity and not consumable_capacity_in_use(old)
     if drop_partitionable:
         for key in PARTITIONABLE_SPEC_FIELDS:
             spec.pop(key, None)
@@ -165,10 +240,19 @@ def drop_disabled_fields(
         if drop_partitionable:
             for key in PARTITIONABLE_DEVICE_FIELDS:
                 device.pop(key, None)
+        if drop_consumable:
+            _drop_consumable(device)
         for attribute in (device.get("attributes") or {}).values():
             if isinstance(attribute, dict):
                 for key in LIST_ATTRIBUTE_FIELDS:
                     attribute.pop(key, None)
+
+
+def _drop_consumable(device: dict[str, Any]) -> None:
+    device.pop("allowMultipleAllocations", None)
+    for capacity in (device.get("capacity") or {}).values():
+        if isinstance(capacity, dict):
+            capacity.pop("requestPolicy", None)
 
 
 def partitionable_in_use(obj: dict[str, Any] | None) -> bool:
@@ -181,3 +265,69 @@ def partitionable_in_use(obj: dict[str, Any] | None) -> bool:
         for d in spec.get("devices") or []
         if isinstance(d, dict)
     )
+
+
+def consumable_capacity_in_use(obj: dict[str, Any] | None) -> bool:
+    """Whether a stored slice sets ``allowMultipleAllocations`` (even false) or a ``requestPolicy``."""
+    devices = ((obj or {}).get("spec") or {}).get("devices") or []
+    return any(
+        d.get("allowMultipleAllocations") is not None
+        or any(
+            isinstance(c, dict) and c.get("requestPolicy") is not None
+            for c in (d.get("capacity") or {}).values()
+        )
+        for d in devices
+        if isinstance(d, dict)
+    )
+
+
+def claim_consumable_capacity_in_use(claim: dict[str, Any] | None) -> bool:
+    """Whether a stored claim uses a DRAConsumableCapacity field: capacity requests or a
+    ``distinctAttribute`` in its spec, a ``shareID`` or ``consumedCapacity`` in its results, a
+    ``shareID`` in its device statuses."""
+    if claim is None:
+        return False
+    devices = (claim.get("spec") or {}).get("devices") or {}
+    if any(
+        isinstance(c, dict) and c.get("distinctAttribute") is not None
+        for c in devices.get("constraints") or []
+    ):
+        return True
+    if any(r.get("capacity") is not None for r in _claim_requests(claim)):
+        return True
+    if any(r.get(k) is not None for r in _claim_results(claim) for k in CONSUMABLE_RESULT_FIELDS):
+        return True
+    statuses = (claim.get("status") or {}).get("devices") or []
+    return any(isinstance(d, dict) and d.get("shareID") is not None for d in statuses)
+
+
+def drop_disabled_claim_fields(
+    obj: dict[str, Any], old: dict[str, Any] | None = None, *, consumable_capacity: bool = True
+) -> None:
+    """What a claim's spec loses on a create or an update without DRAConsumableCapacity (unless
+    the stored claim ``old`` uses a field of the gate): the requests' and subrequests'
+    ``capacity`` and the constraints' ``distinctAttribute``."""
+    if consumable_capacity or claim_consumable_capacity_in_use(old):
+        return
+    for request in _claim_requests(obj):
+        request.pop("capacity", None)
+    devices = (obj.get("spec") or {}).get("devices") or {}
+    for constraint in devices.get("constraints") or []:
+        if isinstance(constraint, dict):
+            constraint.pop("distinctAttribute", None)
+
+
+def drop_disabled_claim_status_fields(
+    obj: dict[str, Any], old: dict[str, Any] | None = None, *, consumable_capacity: bool = True
+) -> None:
+    """What a claim's status write loses without DRAConsumableCapacity (unless the stored claim
+    ``old`` uses a field of the gate): the results' ``shareID`` and ``consumedCapacity``, the
+    device statuses' ``shareID``."""
+    if consumable_capacity or claim_consumable_capacity_in_use(old):
+        return
+    for result in _claim_results(obj):
+        for key in CONSUMABLE_RESULT_FIELDS:
+            result.pop(key, None)
+    for status in (obj.get("status") or {}).get("devices") or []:
+        if isinstance(status, dict):
+            status.pop("shareID", None)

@@ -8,14 +8,31 @@ unique DNS labels; at most 32 attributes and capacities per device; attribute va
 one of int, bool, string and version; at most 16 taints per device; counter sets and counter
 consumptions with a name and at least one counter. (Capacity and counter values
 that are not quantities cannot be decoded at all: 400, not 422, in ``_kubeapi_strategy``.)
+
+Consumable capacity (DRAConsumableCapacity, beta in 1.37): a capacity's ``requestPolicy`` is
+Forbidden unless the device has ``allowMultipleAllocations: true``; then it may have
+``validValues`` (at most 10, ascending, none above the capacity, no two the same, ``default``
+required and among them) or ``validRange`` (``min`` required and not above the capacity;
+``default`` required, not below ``min`` nor above ``max``; ``max`` not below ``min`` nor above
+the capacity; ``step`` above zero, ``min`` + ``step`` not above the capacity, and ``default`` and
+``max`` a whole number of steps from ``min``), not both. An update does not check a device's
+capacities again when they are what the stored device of that name has. The integer arithmetic
+is the one a default 1.37 server uses: DRAFractionalCapacityRange is on only with
+``--min-compatibility-version`` 1.37, so by default values are compared as ``Value()`` (rounded
+up to integers, between 0 and the int64 maximum); ``fractional_capacity_range=True`` checks as a
+server with that gate does (milli-units when a value has a fraction).
 """
 
 from __future__ import annotations
 
+import re
+from decimal import ROUND_UP, Context, Decimal, localcontext
 from typing import TYPE_CHECKING, Any
 
 from devplug.testing._kubeapi.meta import immutable, validate_object_meta
 from devplug.testing._kubeapi.names import (
+    INT64_MAX,
+    Quantity,
     dns_label,
     dns_subdomain,
     driver_name,
@@ -28,6 +45,7 @@ from devplug.testing._kubeapi.names import (
 from devplug.testing._kubeapi.status import (
     FieldError,
     duplicate,
+    forbidden,
     invalid,
     not_supported,
     required,
@@ -47,6 +65,7 @@ MAX_SHARED_COUNTERS = 8
 MAX_COUNTERS = 32
 MAX_CONSUMES_COUNTERS = 2
 MAX_BINDING_CONDITIONS = 4
+MAX_VALID_VALUES = 10  # CapacityRequestPolicyDiscreteMaxOptions
 POOL_NAME_MAX = 253
 # Longest attribute or capacity name shown in a field path before it is shortened.
 _MAX_KEY_SHOWN = 63 + 1 + 32
@@ -57,10 +76,18 @@ _PER_DEVICE = "`nodeName`, `nodeSelector` and `allNodes` can only be set if `per
 _PER_DEVICE_ONE_OF = "exactly one of `nodeName`, `nodeSelector`, or `allNodes` is required when `perDeviceNodeSelection` is set to true in the ResourceSlice spec"  # noqa: E501
 
 
-def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[FieldError]:
-    """ValidateResourceSlice (``old`` given: ValidateResourceSliceUpdate, with the immutable fields)."""
+def validate_slice(
+    obj: dict[str, Any], old: dict[str, Any] | None = None, *, fractional_capacity_range: bool = False
+) -> list[FieldError]:
+    """ValidateResourceSlice (``old`` given: ValidateResourceSliceUpdate, with the immutable fields).
+
+    ``fractional_capacity_range``: the DRAFractionalCapacityRange gate (off in a default 1.37).
+    """
     errors = validate_object_meta(obj.get("metadata") or {}, namespaced=False)
     spec = obj.get("spec") or {}
+    old_devices = {
+        d.get("name"): d for d in ((old or {}).get("spec") or {}).get("devices") or [] if isinstance(d, dict)
+    }
     errors += driver_name(spec.get("driver") or "", "spec.driver")
     errors += _pool(spec.get("pool") or {})
     if old is not None:
@@ -73,7 +100,15 @@ def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None = None) -> li
     errors += _node_selection(spec)
     devices = spec.get("devices") or []
     per_device = bool(spec.get("perDeviceNodeSelection"))
-    errors += _set(devices, MAX_DEVICES, lambda d, p: _device(d, p, per_device), "spec.devices", by_name=True)
+    errors += _set(
+        devices,
+        MAX_DEVICES,
+        lambda d, p: _device(
+            d, p, per_device, old_devices.get(d.get("name")), fractional=fractional_capacity_range
+        ),
+        "spec.devices",
+        by_name=True,
+    )
     if len(devices) > MAX_DEVICES_WITH_TAINTS_OR_COUNTERS and any(
         d.get("taints") or d.get("consumesCounters") for d in devices
     ):
@@ -168,12 +203,21 @@ def _set(
 
 
 def _key_path(path: str, key: str) -> str:
+    """A map entry's path, a long key cut in the middle as truncateIfTooLong cuts it."""
     if len(key) > _MAX_KEY_SHOWN:
-        key = key[: _MAX_KEY_SHOWN // 2] + "..." + key[-_MAX_KEY_SHOWN // 2 :]
+        kept = _MAX_KEY_SHOWN - 3
+        key = key[: (kept + 1) // 2] + "..." + key[len(key) - kept // 2 :]
     return f"{path}[{key}]"
 
 
-def _device(device: dict[str, Any], path: str, per_device: bool) -> list[FieldError]:
+def _device(
+    device: dict[str, Any],
+    path: str,
+    per_device: bool,
+    old_device: dict[str, Any] | None = None,
+    *,
+    fractional: bool = False,
+) -> list[FieldError]:
     errors = dns_label(device.get("name") or "", f"{path}.name")
     attributes: dict[str, Any] = device.get("attributes") or {}
     capacity: dict[str, Any] = device.get("capacity") or {}
@@ -189,8 +233,11 @@ def _device(device: dict[str, Any], path: str, per_device: bool) -> list[FieldEr
     for name in sorted(attributes):
         errors += qualified_attribute_name(name, f"{path}.attributes")
         errors += _attribute(attributes[name] or {}, _key_path(f"{path}.attributes", name))
-    for name in sorted(capacity):
-        errors += qualified_attribute_name(name, f"{path}.capacity")
+    old_capacity = None if old_device is None else old_device.get("capacity") or {}
+    # An update leaves capacities that did not change unchecked, their names too.
+    if old_capacity is None or not _same_capacities(capacity, old_capacity):
+        multiple = device.get("allowMultipleAllocations") is True
+        errors += _capacities(capacity, f"{path}.capacity", multiple=multiple, fractional=fractional)
     consumes = device.get("consumesCounters") or []
     for i, consumption in enumerate(consumes):
         at = f"{path}.consumesCounters[{i}]"
@@ -282,3 +329,232 @@ def _counter_set(counter_set: dict[str, Any], path: str) -> list[FieldError]:
     return _counter_set_name(counter_set.get("name") or "", f"{path}.name") + _counters(
         counter_set.get("counters") or {}, f"{path}.counters"
     )
+
+
+# -- consumable capacity ---------------------------------------------------------------------------
+
+_ONE_POLICY = (
+    'exactly one policy can be specified, cannot specify "validValues" and "validRange" at the same time'
+)
+_NEGATIVE = "must be greater than or equal to 0"
+_DEFAULT_NOT_VALID = "default value is not valid according to the requestPolicy"
+
+
+def _quantity(raw: Any) -> Quantity:
+    """A decoded quantity (the decoding refused any other: 400); absent is zero, as in Go."""
+    return Quantity.parse("0" if raw is None else raw)
+
+
+def _policy_key(policy: Any) -> Any:
+    if not isinstance(policy, dict):
+        return None
+    values = [_quantity(v).value for v in policy.get("validValues") or []]
+    bounds = policy.get("validRange")
+    if isinstance(bounds, dict):
+        bounds = tuple(
+            None if bounds.get(k) is None else _quantity(bounds[k]).value for k in ("min", "max", "step")
+        )
+    default = policy.get("default")
+    return (None if default is None else _quantity(default).value, values, bounds)
+
+
+def _same_capacities(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    """apiequality.Semantic.DeepEqual of two capacity maps: quantities by value, empty == absent."""
+    if set(new) != set(old):
+        return False
+    for name, value in new.items():
+        entry, before = value or {}, old[name] or {}
+        if _quantity(entry.get("value")).value != _quantity(before.get("value")).value:
+            return False
+        if _policy_key(entry.get("requestPolicy")) != _policy_key(before.get("requestPolicy")):
+            return False
+    return True
+
+
+def _capacities(capacity: dict[str, Any], path: str, *, multiple: bool, fractional: bool) -> list[FieldError]:
+    """A device's capacity map: the names, and each requestPolicy (Forbidden on a device that is
+    not allowed multiple allocations)."""
+    errors: list[FieldError] = []
+    for name in sorted(capacity):  # a key's errors are the map's, a value's its own
+        errors += qualified_attribute_name(name, path)
+        entry = capacity[name] or {}
+        policy = entry.get("requestPolicy")
+        if policy is None:
+            continue
+        at = _key_path(path, name) + ".requestPolicy"
+        if not multiple:
+            errors.append(forbidden(at, "allowMultipleAllocations must be true"))
+        else:
+            errors += _request_policy(_quantity(entry.get("value")), policy, at, fractional=fractional)
+    return errors
+
+
+def _request_policy(
+    capacity: Quantity, policy: dict[str, Any], path: str, *, fractional: bool
+) -> list[FieldError]:
+    """validateRequestPolicy: validValues or validRange, not both, each with its default."""
+    values = policy.get("validValues") or []
+    bounds = policy.get("validRange")
+    default = policy.get("default")
+    if values and bounds is not None:
+        return [forbidden(path, _ONE_POLICY)]
+    if values:
+        if default is None:
+            return [required(f"{path}.default", "required when validValues is defined")]
+        return _valid_values(_quantity(default), capacity, values, f"{path}.validValues", fractional)
+    if bounds is not None:
+        if default is None:
+            return [required(f"{path}.default", "required when validRange is defined")]
+        return _valid_range(_quantity(default), capacity, bounds, f"{path}.validRange", fractional)
+    return []
+
+
+def _valid_values(
+    default: Quantity, capacity: Quantity, raw_values: list[Any], path: str, fractional: bool
+) -> list[FieldError]:
+    """validateRequestPolicyValidValues. Over 10 values, the values themselves are not looked at
+    (so the default is not found among them either), as upstream's validateSet stops there."""
+    values = [_quantity(v) for v in raw_values]
+    errors = [
+        invalid(f"{path}[{i + 1}]", str(values[i + 1]), "values must be sorted in ascending order")
+        for i in range(len(values) - 1)
+        if values[i].value > values[i + 1].value
+    ]
+    found = False
+    if len(values) > MAX_VALID_VALUES:
+        errors.append(too_many(path, len(values), MAX_VALID_VALUES))
+    else:
+        for i, option in enumerate(values):
+            if option.value > capacity.value:
+                errors.append(
+                    invalid(f"{path}[{i}]", str(option), f"option is larger than capacity value: {capacity}")
+                )
+            found = found or option.value == default.value
+        # Duplicates by the key upstream uses: Value() (integers) without the fractional gate,
+        # the decimal value with it.
+        seen: set[str] = set()
+        for i, option in enumerate(values):
+            key = _decimal_key(raw_values[i]) if fractional else str(option.int_value())
+            if key in seen:
+                errors.append(duplicate(f"{path}[{i}]", key))
+            seen.add(key)
+    if not found:
+        errors.append(invalid(path, str(default), _DEFAULT_NOT_VALID))
+    return errors
+
+
+_BINARY_EXPONENTS = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_DECIMAL_EXPONENTS = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+
+def _decimal_key(raw: Any) -> str:
+    """quantityKeyAsDec: the decimal text of the value as ``ParseQuantity`` holds it, trailing
+    zeros and all (``500m`` is ``0.500``, ``0.5`` is ``0.5``: two keys); a value it cannot hold
+    in an int64 mantissa is rounded to nanos (nine decimals)."""
+    text = raw if isinstance(raw, str) else str(raw)
+    match = re.fullmatch(r"([+-]?)0*([0-9]*)(?:\.([0-9]*))?(.*)", text)
+    if match is None:  # not a quantity: the decoding refused it already
+        return text
+    sign, num, denom, suffix = match[1], match[2] or "0", match[3] or "", match[4]
+    if suffix in _BINARY_EXPONENTS:
+        exponent = _BINARY_EXPONENTS[suffix]
+        mantissa = 1 << exponent
+        precision = 15 - len(num) - int(exponent * 3 / 10) - 1 if not denom else -1
+        scale = 0
+    else:
+        exponent = _DECIMAL_EXPONENTS[suffix] if suffix in _DECIMAL_EXPONENTS else int(suffix[1:])
+        mantissa, precision, scale = 1, 18 - len(num) - len(denom), exponent - len(denom)
+    whole = int(num + denom) * mantissa
+    if precision >= 0 and scale >= -9 and whole <= INT64_MAX:
+        return format(Decimal(f"{sign}{whole}").scaleb(scale), "f")
+    value = Quantity.parse(raw).value
+    if value == 0:
+        return format(value, "f")
+    with localcontext(Context(prec=200)):
+        return format(value.quantize(Decimal("1e-9"), rounding=ROUND_UP), "f")
+
+
+def _valid_range(
+    default: Quantity, capacity: Quantity, bounds: dict[str, Any], path: str, fractional: bool
+) -> list[FieldError]:
+    """validateRequestPolicyRange (the default's errors are at ``validRange.default``, as upstream
+    has them)."""
+    if bounds.get("min") is None:
+        return [required(f"{path}.min", "required when validRange is defined")]
+    low = _quantity(bounds["min"])
+    high = None if bounds.get("max") is None else _quantity(bounds["max"])
+    step = None if bounds.get("step") is None else _quantity(bounds["step"])
+    errors: list[FieldError] = []
+    if low.value > capacity.value:
+        errors.append(invalid(f"{path}.min", str(low), f"min is larger than capacity value: {capacity}"))
+    if default.value < low.value:
+        errors.append(invalid(f"{path}.default", str(default), f"default is less than min: {low}"))
+    if high is not None:
+        if low.value > high.value:
+            errors.append(invalid(f"{path}.max", str(low), f"min is larger than max: {high}"))
+        if high.value > capacity.value:
+            errors.append(invalid(f"{path}.max", str(high), f"max is larger than capacity value: {capacity}"))
+        if default.value > high.value:
+            errors.append(invalid(f"{path}.default", str(default), f"default is more than max: {high}"))
+    named = {"default": default, "min": low, "max": high, "step": step}
+    milli = fractional and any(q is not None and q.is_fractional() for q in named.values())
+    if milli:
+        lossy = [
+            invalid(f"{path}.{name}", str(q), "value cannot be represented as a milli value")
+            for name, q in named.items()
+            if q is not None and not q.milli_exact()
+        ]
+        if lossy:
+            return errors + lossy
+    if step is not None:
+        errors += _range_step(low, step, named, capacity, path, milli=milli)
+    return errors
+
+
+def _range_step(
+    low: Quantity,
+    step: Quantity,
+    named: dict[str, Quantity | None],
+    capacity: Quantity,
+    path: str,
+    *,
+    milli: bool,
+) -> list[FieldError]:
+    """The step's rules: above zero, one step from min within the capacity, default and max on a step."""
+    if step.value <= 0:
+        return [invalid(f"{path}.step", str(step), "must be greater than zero")]
+    errors: list[FieldError] = []
+    added = Quantity(low.value + step.value, step.format if low.value == 0 else low.format)
+    if added.value > capacity.value:
+        errors.append(
+            invalid(f"{path}.step", str(step), f"one step {added} is larger than capacity value: {capacity}")
+        )
+    if not milli:
+        # Value() holds only between 0 and the int64 maximum: outside, no step arithmetic.
+        unsafe = [
+            invalid(
+                f"{path}.{name}",
+                str(q),
+                _NEGATIVE if q.value < 0 else f"must not be larger than {INT64_MAX}",
+            )
+            for name, q in named.items()
+            if q is not None and not 0 <= q.value <= INT64_MAX
+        ]
+        if unsafe:
+            return errors + unsafe
+    for name in ("default", "max"):
+        value = named[name]
+        if value is not None:
+            errors += _on_step(value, low, step, f"{path}.step", milli=milli)
+    return errors
+
+
+def _on_step(value: Quantity, low: Quantity, step: Quantity, path: str, *, milli: bool) -> list[FieldError]:
+    """validateRequestPolicyRangeStep: ``value`` is a whole number of steps above ``low``."""
+    if milli:
+        offset, size = value.milli_value() - low.milli_value(), step.milli_value()
+    else:
+        offset, size = value.int_value() - low.int_value(), step.int_value()
+    if abs(offset) % size == 0:  # Go's remainder keeps the dividend's sign: only zero matters
+        return []
+    return [invalid(path, str(value), f"value is not a multiple of a given step ({step}) from ({low})")]
