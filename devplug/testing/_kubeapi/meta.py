@@ -6,11 +6,21 @@ labels, annotations) and ``pkg/apis/resource/validation`` (claim status).
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import re
 from typing import Any
 
 from devplug.testing._kubeapi.names import is_dns1123_subdomain, is_label_value, is_qualified_name
-from devplug.testing._kubeapi.status import FieldError, forbidden, invalid, required, too_long, too_many
+from devplug.testing._kubeapi.status import (
+    FieldError,
+    forbidden,
+    invalid,
+    not_supported,
+    required,
+    too_long,
+    too_many,
+)
 
 ANNOTATIONS_MAX_BYTES = 256 * 1024
 RESERVED_FOR_MAX = 256
@@ -121,15 +131,120 @@ def validate_claim_status(new: dict[str, Any], old: dict[str, Any]) -> list[Fiel
     if len(reserved) > RESERVED_FOR_MAX:
         errors.append(too_many("status.reservedFor", len(reserved), RESERVED_FOR_MAX))
     results = ((allocation or {}).get("devices") or {}).get("results") or []
-    allocated = {(r.get("driver"), r.get("pool"), r.get("device")) for r in results}
+    allocated = {(r.get("driver"), r.get("pool"), r.get("device"), r.get("shareID")) for r in results}
     seen: set[tuple[Any, ...]] = set()
     for i, device in enumerate(status.get("devices") or []):
-        key = (device.get("driver"), device.get("pool"), device.get("device"))
-        shown = "/".join(str(k) for k in key)
+        path = f"status.devices[{i}]"
+        key = (device.get("driver"), device.get("pool"), device.get("device"), device.get("shareID"))
+        shown = "/".join(str(k) for k in key if k is not None)
         if key not in allocated:
-            errors.append(invalid(f"status.devices[{i}]", shown, "must be an allocated device in the claim"))
-        full = (*key, device.get("shareID"))
-        if full in seen:
-            errors.append(FieldError("Duplicate", f"status.devices[{i}]", shown))
-        seen.add(full)
+            errors.append(invalid(path, shown, "must be an allocated device in the claim"))
+        if key in seen:
+            errors.append(FieldError("Duplicate", path, shown))
+        seen.add(key)
+        errors += _device_status(device, path)
     return errors
+
+
+# Claim device status (KEP-4817): at most 8 conditions, 10 KiB of data, 16 addresses.
+MAX_DEVICE_CONDITIONS = 8
+DEVICE_DATA_MAX_BYTES = 10 * 1024
+MAX_NETWORK_IPS = 16
+INTERFACE_NAME_MAX = 256
+HARDWARE_ADDRESS_MAX = 128
+CONDITION_REASON_MAX = 1024
+CONDITION_MESSAGE_MAX = 32 * 1024
+_REASON_FMT = "[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?"
+_REASON_RE = re.compile(_REASON_FMT)
+_REASON_MSG = (
+    "a condition reason must start with alphabetic character, optionally followed by a string of "
+    "alphanumeric characters or '_,:', and must end with an alphanumeric character or '_' (e.g. "
+    "'my_name',  or 'MY_NAME',  or 'MyName',  or 'ReasonA,ReasonB',  or 'ReasonA:ReasonB', "
+    f"regex used for validation is '{_REASON_FMT}')"
+)
+_STATUSES = ("False", "True", "Unknown")
+
+
+def _device_status(device: dict[str, Any], path: str) -> list[FieldError]:
+    """validateDeviceStatus's own rules for one entry: its conditions (metav1 conditions), its
+    ``data`` (a JSON object of at most 10 KiB) and its ``networkData``."""
+    errors: list[FieldError] = []
+    conditions = device.get("conditions") or []
+    if len(conditions) > MAX_DEVICE_CONDITIONS:
+        errors.append(too_many(f"{path}.conditions", len(conditions), MAX_DEVICE_CONDITIONS))
+    types: set[Any] = set()
+    for i, condition in enumerate(conditions):
+        at = f"{path}.conditions[{i}]"
+        if condition.get("type") in types:
+            errors.append(FieldError("Duplicate", at, condition.get("type")))
+        types.add(condition.get("type"))
+        errors += _condition(condition, at)
+    data = device.get("data")
+    if data is not None:
+        if len(json.dumps(data, separators=(",", ":"))) > DEVICE_DATA_MAX_BYTES:
+            errors.append(too_long(f"{path}.data", DEVICE_DATA_MAX_BYTES))
+        elif not isinstance(data, dict):
+            errors.append(invalid(f"{path}.data", "<value omitted>", "must be a valid JSON object"))
+    network = device.get("networkData") or {}
+    if len(network.get("interfaceName") or "") > INTERFACE_NAME_MAX:
+        errors.append(too_long(f"{path}.networkData.interfaceName", INTERFACE_NAME_MAX))
+    if len(network.get("hardwareAddress") or "") > HARDWARE_ADDRESS_MAX:
+        errors.append(too_long(f"{path}.networkData.hardwareAddress", HARDWARE_ADDRESS_MAX))
+    ips = network.get("ips") or []
+    if len(ips) > MAX_NETWORK_IPS:
+        errors.append(too_many(f"{path}.networkData.ips", len(ips), MAX_NETWORK_IPS))
+    for i, address in enumerate(ips):
+        problem = _interface_address(str(address))
+        if problem:
+            errors.append(invalid(f"{path}.networkData.ips[{i}]", address, problem))
+        if address in ips[:i]:
+            errors.append(FieldError("Duplicate", f"{path}.networkData.ips[{i}]", address))
+    return errors
+
+
+def _condition(condition: dict[str, Any], path: str) -> list[FieldError]:
+    """metav1 ValidateCondition."""
+    errors: list[FieldError] = []
+    kind = condition.get("type") or ""
+    if not kind:
+        errors.append(required(f"{path}.type", "is required"))
+    else:
+        errors += [invalid(f"{path}.type", kind, m) for m in is_qualified_name(kind)]
+    status = condition.get("status") or ""
+    if not status:
+        errors.append(required(f"{path}.status"))
+    elif status not in _STATUSES:
+        errors.append(not_supported(f"{path}.status", status, list(_STATUSES)))
+    if (condition.get("observedGeneration") or 0) < 0:
+        errors.append(
+            invalid(
+                f"{path}.observedGeneration",
+                condition["observedGeneration"],
+                "must be greater than or equal to zero",
+            )
+        )
+    if not condition.get("lastTransitionTime"):
+        errors.append(required(f"{path}.lastTransitionTime"))
+    reason = condition.get("reason") or ""
+    if not reason:
+        errors.append(required(f"{path}.reason"))
+    else:
+        if not _REASON_RE.fullmatch(reason):
+            errors.append(invalid(f"{path}.reason", reason, _REASON_MSG))
+        if len(reason) > CONDITION_REASON_MAX:
+            errors.append(too_long(f"{path}.reason", CONDITION_REASON_MAX))
+    if len(condition.get("message") or "") > CONDITION_MESSAGE_MAX:
+        errors.append(too_long(f"{path}.message", CONDITION_MESSAGE_MAX))
+    return errors
+
+
+def _interface_address(value: str) -> str:
+    """IsValidInterfaceAddress: an address with its prefix length, in canonical form; "" if so."""
+    try:
+        interface = ipaddress.ip_interface(value)
+    except ValueError:
+        return "must be a valid address in CIDR form, (e.g. 10.9.8.7/24 or 2001:db8::1/64)"
+    if "/" not in value:
+        return "must be a valid address in CIDR form, (e.g. 10.9.8.7/24 or 2001:db8::1/64)"
+    canonical = f"{interface.ip}/{interface.network.prefixlen}"
+    return "" if value == canonical else f'must be in canonical form ("{canonical}")'

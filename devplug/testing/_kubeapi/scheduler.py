@@ -575,6 +575,9 @@ class _Allocator:
             }
             if request.admin:
                 result["adminAccess"] = True
+            for key in ("bindingConditions", "bindingFailureConditions"):
+                if pick.device.get(key):  # the scheduler's binding waits for them (KEP-5007)
+                    result[key] = list(pick.device[key])
             if pick.consumed is not None:
                 result["shareID"] = str(uuid.uuid4())
                 if pick.consumed:

@@ -24,6 +24,7 @@ from devplug.testing._kubeapi.routes import (
 )
 from devplug.testing._kubeapi.status import APIError
 from devplug.testing._kubeapi.store import Store
+from devplug.testing._kubeapi.strategy import Gates
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -83,17 +84,20 @@ class FakeKubeAPI(KubeAPIHelpers):
     from a future resourceVersion waits instead of failing; the 64-device limit's message is an
     approximation; only ResourceSlices, ResourceClaims and Nodes are served (no DeviceClasses,
     Pods but that empty list, or other kinds: 404); alpha fields other than list
-    attributes (dropped) are kept; the ``spec.pool.name`` field selector (1.37) is served;
+    attributes and ``partitionTypeAttribute`` (dropped) are kept; the ``spec.pool.name`` field
+    selector (1.37) is served;
     ResourceClaims are validated for metadata, spec immutability and status rules only;
     :meth:`allocate_claim` evaluates no CEL selectors or device classes (it does honour taints,
     other claims' devices, shared counters and consumable capacity, as the scheduler does:
     devices with ``allowMultipleAllocations`` are shared, each share with a ``shareID`` and its
     ``consumedCapacity``, within the devices' capacities and ``requestPolicy``). The
-    DRADeviceTaints feature gate is ``device_taints``, DRAPartitionableDevices
-    ``partitionable_devices``; DRAConsumableCapacity (beta, on by default) is on, with its
-    fields validated as the API server does (``requestPolicy`` only with
-    ``allowMultipleAllocations``, its ``validValues`` or ``validRange`` with a valid
-    ``default``), and DRAFractionalCapacityRange off, as in a default 1.37 cluster.
+    feature gates are options, at a default 1.37 cluster's values: DRADeviceTaints
+    ``device_taints``, DRAPartitionableDevices ``partitionable_devices``, DRAConsumableCapacity
+    ``consumable_capacity`` (its fields validated as the API server does: ``requestPolicy`` only
+    with ``allowMultipleAllocations``, its ``validValues`` or ``validRange`` with a valid
+    ``default``), DRADeviceBindingConditions ``binding_conditions``, all on;
+    DRAPartitionableDevicesType ``partitionable_devices_type`` and DRAFractionalCapacityRange
+    off.
 
     Attributes:
         requests: every answered request as a :class:`RecordedRequest`.
@@ -101,13 +105,16 @@ class FakeKubeAPI(KubeAPIHelpers):
         bookmark_interval: seconds between BOOKMARK events of a quiet watch that asked for them.
     """
 
-    kubernetes_version = "v1.36.0"
+    kubernetes_version = "v1.37.0"
 
     def __init__(
         self,
         *,
         device_taints: bool = True,
         partitionable_devices: bool = True,
+        consumable_capacity: bool = True,
+        binding_conditions: bool = True,
+        partitionable_devices_type: bool = False,
         event_history: int = 1000,
         user: str = "system:serviceaccount:kube-system:dra-driver",
         port: int = 0,
@@ -124,6 +131,15 @@ class FakeKubeAPI(KubeAPIHelpers):
                 uses one), before validation: a slice that named its nodes only through
                 ``perDeviceNodeSelection`` is refused (422, no node selection), one that held
                 only counter sets is stored empty.
+            consumable_capacity: the DRAConsumableCapacity feature gate (on by default from
+                1.36); when off, slices lose ``allowMultipleAllocations`` and ``requestPolicy``,
+                claims their capacity requests, and status writes ``shareID`` and
+                ``consumedCapacity``.
+            binding_conditions: the DRADeviceBindingConditions feature gate (on by default from
+                1.36); when off, devices lose ``bindingConditions``,
+                ``bindingFailureConditions`` and ``bindsToNode``.
+            partitionable_devices_type: the DRAPartitionableDevicesType feature gate (alpha in
+                1.37, off by default); when off, slices lose ``partitionTypeAttribute``.
             event_history: how many writes a watch can replay (older resourceVersions: 410).
             user: the user named in injected 403 answers.
             port: the port of 127.0.0.1 to listen on; 0 (the default) takes a free one. A
@@ -133,8 +149,13 @@ class FakeKubeAPI(KubeAPIHelpers):
         self._store = Store(
             KINDS,
             history=event_history,
-            device_taints=device_taints,
-            partitionable_devices=partitionable_devices,
+            gates=Gates(
+                device_taints=device_taints,
+                partitionable_devices=partitionable_devices,
+                consumable_capacity=consumable_capacity,
+                binding_conditions=binding_conditions,
+                partitionable_devices_type=partitionable_devices_type,
+            ),
         )
         self._server = HTTPServer(self._handle)
         self._server.port = port

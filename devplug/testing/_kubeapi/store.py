@@ -28,7 +28,7 @@ from devplug.testing._kubeapi.status import (
     not_found,
 )
 from devplug.testing._kubeapi.strategic import kind_schema
-from devplug.testing._kubeapi.strategy import decode_body, prepare_create, prepare_update, validate
+from devplug.testing._kubeapi.strategy import Gates, decode_body, prepare_create, prepare_update, validate
 
 if TYPE_CHECKING:
     from devplug.testing._kubeapi.resources import Kind
@@ -59,17 +59,14 @@ def _key(namespace: str, name: str) -> tuple[str, str]:
 class Store:
     """Objects by resource and (namespace, name); writes numbered by one resourceVersion counter."""
 
-    def __init__(
-        self, kinds: dict[str, Kind], *, history: int, device_taints: bool, partitionable_devices: bool = True
-    ) -> None:
+    def __init__(self, kinds: dict[str, Kind], *, history: int, gates: Gates) -> None:
         self.kinds = kinds
         self.objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in kinds}
         self.rv = 1
         self.history = history
         self.events: deque[Event] = deque()
         self.compacted = self.rv  # watches may start at this resourceVersion or later
-        self.device_taints = device_taints
-        self.partitionable_devices = partitionable_devices
+        self.gates = gates
         self._changes = Versioned(None)
 
     # -- notification ----------------------------------------------------------------------------
@@ -144,9 +141,7 @@ class Store:
             meta.pop(server_owned, None)
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = self._generate_name(kind, namespace, meta["generateName"])
-        prepare_create(
-            kind, body, device_taints=self.device_taints, partitionable_devices=self.partitionable_devices
-        )
+        prepare_create(kind, body, self.gates)
         validate(kind, body, None, "")
         if _key(meta.get("namespace", ""), meta["name"]) in self.objects[kind.plural]:
             raise already_exists(kind.names, meta["name"])
@@ -200,14 +195,7 @@ class Store:
             raise conflict(kind.names, name, why)
         if meta.get("resourceVersion") and meta["resourceVersion"] != old_meta["resourceVersion"]:
             raise conflict(kind.names, name, OPTIMISTIC_LOCK)
-        new = prepare_update(
-            kind,
-            body,
-            old,
-            subresource,
-            device_taints=self.device_taints,
-            partitionable_devices=self.partitionable_devices,
-        )
+        new = prepare_update(kind, body, old, subresource, self.gates)
         validate(kind, new, old, subresource)
         if _same(new, old):  # a no-op write keeps the resourceVersion and sends no event
             return old, warnings

@@ -8,6 +8,7 @@ default server drops) and which validation runs (422).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from devplug._quantity import is_quantity
@@ -20,12 +21,32 @@ from devplug.testing._kubeapi.validation import validate_slice
 if TYPE_CHECKING:
     from devplug.testing._kubeapi.resources import Kind
 
+
+@dataclass(frozen=True)
+class Gates:
+    """The feature gates a server's strategies follow, at Kubernetes 1.37's defaults."""
+
+    device_taints: bool = True
+    """DRADeviceTaints (GA in 1.37): device ``taints``."""
+    partitionable_devices: bool = True
+    """DRAPartitionableDevices (beta, on from 1.36): shared counters and their consumption."""
+    consumable_capacity: bool = True
+    """DRAConsumableCapacity (beta, on from 1.36): shared devices, capacity requests, shares."""
+    binding_conditions: bool = True
+    """DRADeviceBindingConditions (beta, on from 1.36): devices' binding conditions and
+    ``bindsToNode``."""
+    partitionable_devices_type: bool = False
+    """DRAPartitionableDevicesType (alpha in 1.37, off): a slice's ``partitionTypeAttribute``."""
+
+
 # Alpha list-valued attributes (DRAListTypeAttributes, 1.36): off by default, so dropped.
 LIST_ATTRIBUTE_FIELDS = ("bools", "ints", "strings", "versions")
 # What the DRAPartitionableDevices gate governs (alpha, off by default before 1.36), in the
 # spec and in each device.
 PARTITIONABLE_SPEC_FIELDS = ("sharedCounters", "perDeviceNodeSelection")
 PARTITIONABLE_DEVICE_FIELDS = ("consumesCounters", "nodeName", "nodeSelector", "allNodes")
+# What the DRADeviceBindingConditions gate governs (beta, on by default from 1.36) in a device.
+BINDING_DEVICE_FIELDS = ("bindingConditions", "bindingFailureConditions", "bindsToNode")
 # What the DRAConsumableCapacity gate governs (beta, on by default from 1.36): a device's
 # ``allowMultipleAllocations`` and its capacities' ``requestPolicy``; a claim's capacity requests
 # and ``distinctAttribute`` constraints; an allocation result's ``shareID`` and ``consumedCapacity``
@@ -79,26 +100,14 @@ def validate(kind: Kind, new: dict[str, Any], old: dict[str, Any] | None, subres
         raise invalid_object(kind.names, new["metadata"].get("name", ""), errors)
 
 
-def prepare_create(
-    kind: Kind,
-    body: dict[str, Any],
-    *,
-    device_taints: bool,
-    partitionable_devices: bool = True,
-    consumable_capacity: bool = True,
-) -> None:
+def prepare_create(kind: Kind, body: dict[str, Any], gates: Gates = Gates()) -> None:
     """PrepareForCreate: a new claim has no status; a slice or a claim loses the fields a server
     with those gates drops."""
     if kind.plural == "resourceclaims":
         body.pop("status", None)
-        drop_disabled_claim_fields(body, consumable_capacity=consumable_capacity)
+        drop_disabled_claim_fields(body, gates=gates)
     if kind.plural == "resourceslices":
-        drop_disabled_fields(
-            body,
-            device_taints=device_taints,
-            partitionable_devices=partitionable_devices,
-            consumable_capacity=consumable_capacity,
-        )
+        drop_disabled_fields(body, gates=gates)
 
 
 def prepare_update(
@@ -106,10 +115,7 @@ def prepare_update(
     new: dict[str, Any],
     old: dict[str, Any],
     subresource: str,
-    *,
-    device_taints: bool,
-    partitionable_devices: bool = True,
-    consumable_capacity: bool = True,
+    gates: Gates = Gates(),
 ) -> dict[str, Any]:
     """PrepareForUpdate: what an update keeps from the stored object, and the generation."""
     meta, old_meta = new["metadata"], old["metadata"]
@@ -120,7 +126,7 @@ def prepare_update(
             del new["status"]
         new["metadata"] = copy.deepcopy(old_meta)
         if kind.plural == "resourceclaims":
-            drop_disabled_claim_status_fields(new, old, consumable_capacity=consumable_capacity)
+            drop_disabled_claim_status_fields(new, old, gates=gates)
         return new
     for kept in ("uid", "creationTimestamp", "deletionTimestamp", "generation", "namespace"):
         if kept in old_meta:
@@ -137,15 +143,9 @@ def prepare_update(
     if kind.tracks_generation and new.get("spec") != old.get("spec"):
         meta["generation"] = old_meta.get("generation", 0) + 1
     if kind.plural == "resourceslices":
-        drop_disabled_fields(
-            new,
-            old,
-            device_taints=device_taints,
-            partitionable_devices=partitionable_devices,
-            consumable_capacity=consumable_capacity,
-        )
+        drop_disabled_fields(new, old, gates=gates)
     if kind.plural == "resourceclaims":
-        drop_disabled_claim_fields(new, old, consumable_capacity=consumable_capacity)
+        drop_disabled_claim_fields(new, old, gates=gates)
     return new
 
 
@@ -214,38 +214,49 @@ def drop_disabled_fields(
     obj: dict[str, Any],
     old: dict[str, Any] | None = None,
     *,
-    device_taints: bool,
-    partitionable_devices: bool = True,
-    consumable_capacity: bool = True,
+    gates: Gates = Gates(),
 ) -> None:
-    """Remove what a default API server drops on write: list attributes; taints without
+    """Remove what a server with ``gates`` drops on write: list attributes; taints without
     DRADeviceTaints; without DRAPartitionableDevices, ``sharedCounters``,
     ``perDeviceNodeSelection`` and the devices' ``consumesCounters``, ``nodeName``,
     ``nodeSelector`` and ``allNodes``, unless the stored object ``old`` (an update) already
     uses one of them; without DRAConsumableCapacity, the devices' ``allowMultipleAllocations``
-    and their capacities' ``requestPolicy``, unless ``old`` uses one of those."""
+    and their capacities' ``requestPolicy``, unless ``old`` uses one of those; without
+    DRADeviceBindingConditions, the devices' binding conditions and ``bindsToNode`` (same
+    exception); without DRAPartitionableDevicesType, ``partitionTypeAttribute`` (same)."""
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         return
-    drop_partitionable = not partitionable_devices and not partitionable_in_use(old)
-    drop_consumable = not consumable_capacity and not consumable_capacity_in_use(old)
+    old_spec = (old or {}).get("spec") or {}
+    if not gates.partitionable_devices_type and not old_spec.get("partitionTypeAttribute"):
+        spec.pop("partitionTypeAttribute", None)
+    drop_partitionable = not gates.partitionable_devices and not partitionable_in_use(old)
     if drop_partitionable:
         for key in PARTITIONABLE_SPEC_FIELDS:
             spec.pop(key, None)
+    dropped: list[str] = []
+    if not gates.device_taints:
+        dropped.append("taints")
+    if drop_partitionable:
+        dropped += PARTITIONABLE_DEVICE_FIELDS
+    if not gates.binding_conditions and not _binding_in_use(old):
+        dropped += BINDING_DEVICE_FIELDS
+    drop_consumable = not gates.consumable_capacity and not consumable_capacity_in_use(old)
     for device in spec.get("devices") or []:
-        if not isinstance(device, dict):
-            continue
-        if not device_taints:
-            device.pop("taints", None)
-        if drop_partitionable:
-            for key in PARTITIONABLE_DEVICE_FIELDS:
-                device.pop(key, None)
-        if drop_consumable:
-            _drop_consumable(device)
-        for attribute in (device.get("attributes") or {}).values():
-            if isinstance(attribute, dict):
-                for key in LIST_ATTRIBUTE_FIELDS:
-                    attribute.pop(key, None)
+        if isinstance(device, dict):
+            _drop_from_device(device, dropped, consumable=drop_consumable)
+
+
+def _drop_from_device(device: dict[str, Any], dropped: list[str], *, consumable: bool) -> None:
+    """Drop ``dropped`` fields, the consumable-capacity ones if ``consumable``, and list values."""
+    for key in dropped:
+        device.pop(key, None)
+    if consumable:
+        _drop_consumable(device)
+    for attribute in (device.get("attributes") or {}).values():
+        if isinstance(attribute, dict):
+            for key in LIST_ATTRIBUTE_FIELDS:
+                attribute.pop(key, None)
 
 
 def _drop_consumable(device: dict[str, Any]) -> None:
@@ -253,6 +264,12 @@ def _drop_consumable(device: dict[str, Any]) -> None:
     for capacity in (device.get("capacity") or {}).values():
         if isinstance(capacity, dict):
             capacity.pop("requestPolicy", None)
+
+
+def _binding_in_use(obj: dict[str, Any] | None) -> bool:
+    """Whether a stored slice has a device with binding conditions or ``bindsToNode``."""
+    devices = ((obj or {}).get("spec") or {}).get("devices") or []
+    return any(isinstance(d, dict) and any(d.get(k) for k in BINDING_DEVICE_FIELDS) for d in devices)
 
 
 def partitionable_in_use(obj: dict[str, Any] | None) -> bool:
@@ -302,12 +319,15 @@ def claim_consumable_capacity_in_use(claim: dict[str, Any] | None) -> bool:
 
 
 def drop_disabled_claim_fields(
-    obj: dict[str, Any], old: dict[str, Any] | None = None, *, consumable_capacity: bool = True
+    obj: dict[str, Any],
+    old: dict[str, Any] | None = None,
+    *,
+    gates: Gates = Gates(),
 ) -> None:
     """What a claim's spec loses on a create or an update without DRAConsumableCapacity (unless
     the stored claim ``old`` uses a field of the gate): the requests' and subrequests'
     ``capacity`` and the constraints' ``distinctAttribute``."""
-    if consumable_capacity or claim_consumable_capacity_in_use(old):
+    if gates.consumable_capacity or claim_consumable_capacity_in_use(old):
         return
     for request in _claim_requests(obj):
         request.pop("capacity", None)
@@ -318,12 +338,15 @@ def drop_disabled_claim_fields(
 
 
 def drop_disabled_claim_status_fields(
-    obj: dict[str, Any], old: dict[str, Any] | None = None, *, consumable_capacity: bool = True
+    obj: dict[str, Any],
+    old: dict[str, Any] | None = None,
+    *,
+    gates: Gates = Gates(),
 ) -> None:
     """What a claim's status write loses without DRAConsumableCapacity (unless the stored claim
     ``old`` uses a field of the gate): the results' ``shareID`` and ``consumedCapacity``, the
     device statuses' ``shareID``."""
-    if consumable_capacity or claim_consumable_capacity_in_use(old):
+    if gates.consumable_capacity or claim_consumable_capacity_in_use(old):
         return
     for result in _claim_results(obj):
         for key in CONSUMABLE_RESULT_FIELDS:

@@ -118,6 +118,91 @@ def validate_slice(
     # a union of the two fields: `devices` present, even as an empty list, counts as set
     if spec.get("devices") is not None and counter_sets:
         errors.append(invalid("spec", "", "only one of `sharedCounters` or `devices` is allowed"))
+    if spec.get("partitionTypeAttribute") is not None:
+        errors += _partition_type(spec)
+    return errors
+
+
+def _partition_type(spec: dict[str, Any]) -> list[FieldError]:
+    """validatePartitionTypeAttribute (1.37): a fully qualified name, on a slice whose devices
+    consume counters, each of which carries it (or its bare name in the driver's domain) as a
+    string."""
+    path = "spec.partitionTypeAttribute"
+    name = str(spec["partitionTypeAttribute"])
+    devices = [d for d in spec.get("devices") or [] if isinstance(d, dict)]
+    if not any(d.get("consumesCounters") for d in devices):
+        return [
+            invalid(path, name, "may only be set on a slice which declares devices that consume counters")
+        ]
+    errors = qualified_attribute_name(name, path)
+    if "/" not in name:
+        errors.append(
+            invalid(path, name, "a fully qualified name must be a domain and a name separated by a slash")
+        )
+    if errors:
+        return errors  # no device can carry a malformed name: that one error says it
+    bare = name.removeprefix(f"{spec.get('driver')}/")
+    for i, device in enumerate(devices):
+        if not device.get("consumesCounters"):
+            continue
+        attributes = device.get("attributes") or {}
+        at = f"spec.devices[{i}].attributes[{name}]"
+        attribute = attributes.get(name, attributes.get(bare))
+        if attribute is None:
+            errors.append(
+                required(
+                    at,
+                    "device consumes counters and `partitionTypeAttribute` names this attribute, "
+                    "so it must be set",
+                )
+            )
+        elif not isinstance(attribute, dict) or "string" not in attribute:
+            errors.append(
+                invalid(
+                    at,
+                    attribute,
+                    "must be a string value because `partitionTypeAttribute` names this attribute",
+                )
+            )
+    return errors
+
+
+def _binding_conditions(device: dict[str, Any], path: str) -> list[FieldError]:
+    """validateDeviceBindingParameters: at most 4 of each, label-key names, none twice, the two
+    lists apart, and each list only with the other."""
+    errors: list[FieldError] = []
+    conditions = device.get("bindingConditions") or []
+    failures = device.get("bindingFailureConditions") or []
+    for key, names in (("bindingConditions", conditions), ("bindingFailureConditions", failures)):
+        if len(names) > MAX_BINDING_CONDITIONS:
+            errors.append(too_many(f"{path}.{key}", len(names), MAX_BINDING_CONDITIONS))
+        seen: set[str] = set()
+        for i, name in enumerate(names):
+            at = f"{path}.{key}[{i}]"
+            errors += [invalid(at, name, m) for m in is_qualified_name(str(name))]
+            if name in seen:
+                errors.append(duplicate(at, name))
+            seen.add(name)
+            if key == "bindingFailureConditions" and name in conditions:
+                errors.append(
+                    invalid(at, name, "bindingFailureConditions must not overlap with bindingConditions")
+                )
+    if failures and not conditions:
+        errors.append(
+            invalid(
+                f"{path}.bindingConditions",
+                conditions,
+                "bindingConditions are required to use bindingFailureConditions",
+            )
+        )
+    if conditions and not failures:
+        errors.append(
+            invalid(
+                f"{path}.bindingFailureConditions",
+                failures,
+                "bindingFailureConditions are required to use bindingConditions",
+            )
+        )
     return errors
 
 
@@ -250,10 +335,7 @@ def _device(
         errors += _taint(taint, f"{path}.taints[{i}]")
     if len(taints) > MAX_TAINTS:
         errors.append(too_many(f"{path}.taints", len(taints), MAX_TAINTS))
-    for key in ("bindingConditions", "bindingFailureConditions"):
-        conditions = device.get(key) or []
-        if len(conditions) > MAX_BINDING_CONDITIONS:
-            errors.append(too_many(f"{path}.{key}", len(conditions), MAX_BINDING_CONDITIONS))
+    errors += _binding_conditions(device, path)
     node_fields = [k for k in ("nodeName", "nodeSelector", "allNodes") if device.get(k)]
     if per_device and len(node_fields) != 1:
         errors.append(

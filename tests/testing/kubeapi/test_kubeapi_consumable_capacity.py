@@ -22,6 +22,7 @@ from devplug.testing._kubeapi.names import QUANTITY_ERROR, Quantity
 from devplug.testing._kubeapi.resources import KINDS
 from devplug.testing._kubeapi.status import APIError
 from devplug.testing._kubeapi.strategy import (
+    Gates,
     drop_disabled_claim_status_fields,
     drop_disabled_fields,
     prepare_create,
@@ -441,7 +442,7 @@ async def test_amounts_that_are_not_quantities_cannot_be_decoded(kube: Kube) -> 
 
 def test_without_the_gate_slices_lose_sharing_and_policies() -> None:
     body = slice_body(devices=[shared("gpu-0", memory=("8Gi", {"default": "1Gi"})), device("plain")])
-    drop_disabled_fields(body, device_taints=True, consumable_capacity=False)
+    drop_disabled_fields(body, gates=Gates(consumable_capacity=False))
     assert body["spec"]["devices"] == [
         {"name": "gpu-0", "capacity": {"memory": {"value": "8Gi"}}},
         {"name": "plain"},
@@ -449,11 +450,11 @@ def test_without_the_gate_slices_lose_sharing_and_policies() -> None:
     # An update of a slice that uses them (allowMultipleAllocations even false) keeps them.
     old = slice_body(devices=[shared("gpu-0", multiple=False, memory="8Gi")])
     new = slice_body(devices=[shared("gpu-0", memory=("8Gi", {"default": "1Gi"}))])
-    drop_disabled_fields(new, old, device_taints=True, consumable_capacity=False)
+    drop_disabled_fields(new, old, gates=Gates(consumable_capacity=False))
     assert new["spec"]["devices"][0]["allowMultipleAllocations"] is True
     assert new["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"] == {"default": "1Gi"}
     kept = slice_body(devices=[shared("gpu-0", memory=("8Gi", {"default": "1Gi"}))])
-    prepare_create(KINDS["resourceslices"], kept, device_taints=True)  # the gate's default: on
+    prepare_create(KINDS["resourceslices"], kept)  # the gate's default: on
     assert kept["spec"]["devices"][0]["allowMultipleAllocations"] is True
 
 
@@ -466,13 +467,13 @@ def test_without_the_gate_claims_lose_capacity_requests() -> None:
         }
     )
     body["spec"]["devices"]["constraints"] = [{"requests": ["gpu"], "distinctAttribute": "example.com/id"}]
-    prepare_create(KINDS["resourceclaims"], body, device_taints=True, consumable_capacity=False)
+    prepare_create(KINDS["resourceclaims"], body, Gates(consumable_capacity=False))
     requests = body["spec"]["devices"]["requests"]
     assert "capacity" not in requests[0]["exactly"]
     assert "capacity" not in requests[1]["firstAvailable"][0]
     assert body["spec"]["devices"]["constraints"] == [{"requests": ["gpu"]}]
     kept = claim_body(capacity={"memory": "4Gi"})
-    prepare_create(KINDS["resourceclaims"], kept, device_taints=True)
+    prepare_create(KINDS["resourceclaims"], kept)
     assert kept["spec"]["devices"]["requests"][0]["exactly"]["capacity"] == {"requests": {"memory": "4Gi"}}
 
 
@@ -486,16 +487,14 @@ def test_without_the_gate_status_writes_lose_share_ids() -> None:
         "allocation": {"devices": {"results": [share]}},
         "devices": [{"driver": DRIVER, "pool": NODE, "device": "gpu-0", "shareID": share["shareID"]}],
     }
-    written = prepare_update(
-        KINDS["resourceclaims"], new, old, "status", device_taints=True, consumable_capacity=False
-    )
+    written = prepare_update(KINDS["resourceclaims"], new, old, "status", Gates(consumable_capacity=False))
     assert written["status"]["allocation"]["devices"]["results"] == [result]
     assert written["status"]["devices"] == [{"driver": DRIVER, "pool": NODE, "device": "gpu-0"}]
     # A claim that uses the gate's fields (here its spec asks capacity) keeps them.
     asking = claim_body(capacity={"memory": "1Gi"})
     again = copy.deepcopy(asking)
     again["status"] = copy.deepcopy(new["status"])
-    drop_disabled_claim_status_fields(again, asking, consumable_capacity=False)
+    drop_disabled_claim_status_fields(again, asking, gates=Gates(consumable_capacity=False))
     assert again["status"]["allocation"]["devices"]["results"] == [share]
 
 

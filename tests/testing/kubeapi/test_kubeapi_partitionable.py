@@ -11,7 +11,7 @@ import httpx2
 import pytest
 
 from devplug.testing import FakeKubeAPI
-from devplug.testing._kubeapi.strategy import drop_disabled_fields
+from devplug.testing._kubeapi.strategy import Gates, drop_disabled_fields
 from tests.testing.kubeapi.test_kubeapi_kit import SLICES, device, post_slice, raw, slice_body, taint
 
 pytestmark = pytest.mark.anyio
@@ -182,7 +182,7 @@ def test_an_update_keeps_the_fields_where_the_stored_slice_uses_them(
 ) -> None:
     new = {"spec": {"sharedCounters": copy.deepcopy(COUNTERS), "devices": [half("half-0")]}}
     old = None if old_spec is None else {"spec": old_spec}
-    drop_disabled_fields(new, old, device_taints=True, partitionable_devices=False)
+    drop_disabled_fields(new, old, gates=Gates(partitionable_devices=False))
     assert ("sharedCounters" in new["spec"]) is kept
     assert ("consumesCounters" in new["spec"]["devices"][0]) is kept
     assert new["spec"]["devices"][0]["capacity"] == {"memory": {"value": "8Gi"}}
