@@ -38,10 +38,13 @@ __all__ = [
     "CounterConsumption",
     "CounterSet",
     "Device",
+    "DeviceCondition",
     "DeviceSpec",
+    "DeviceStatus",
     "DeviceTaint",
     "Health",
     "Mount",
+    "NetworkData",
     "OpaqueConfig",
     "PluginOptions",
     "PreparedDevice",
@@ -709,6 +712,138 @@ def _renamed(model: str, old: str, new: str, *, depth: int) -> None:
     warnings.warn(f"{model}.{old} is deprecated: use {new}", DeprecationWarning, stacklevel=depth + 2)
 
 
+_CONDITION_REASON = re.compile(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?")
+# Claim device status (KEP-4817): the API server's limits.
+MAX_DEVICE_CONDITIONS = 8
+MAX_DEVICE_DATA_BYTES = 10 * 1024
+MAX_NETWORK_IPS = 16
+
+
+class DeviceCondition(_Frozen):
+    """One condition of a prepared device, as the claim's ``status.devices[].conditions`` shows
+    it (a Kubernetes condition; devplug sets ``lastTransitionTime`` when it first writes it)."""
+
+    type: str
+    """A condition type: a qualified name (``Ready``, ``example.com/LinkUp``)."""
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    """One CamelCase word (letters, digits, ``_``, ``,`` and ``:``; at most 1024 characters)."""
+    message: str = Field(default="", max_length=32 * 1024)
+    observed_generation: int | None = Field(default=None, ge=0)
+    """The claim's ``metadata.generation`` the condition was set for, if it matters."""
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, value: str) -> str:
+        if not is_qualified_name(value):
+            raise ValueError(
+                f"condition type {value!r} is not a qualified name (optional domain and '/', a name)"
+            )
+        return value
+
+    @field_validator("reason")
+    @classmethod
+    def _reason(cls, value: str) -> str:
+        if len(value) > 1024 or not _CONDITION_REASON.fullmatch(value):
+            raise ValueError(
+                f"condition reason {value!r}: one word of letters, digits and '_,:', starting with a letter"
+            )
+        return value
+
+
+class NetworkData(_Frozen):
+    """What a network device looks like to the pod (``networkData``), e.g. from a CNI plugin."""
+
+    interface_name: str = Field(default="", max_length=256)
+    """The interface's name in the pod's network namespace."""
+    ips: tuple[str, ...] = ()
+    """Its addresses with prefix lengths, in canonical form (``10.9.8.7/24``, ``2001:db8::1/64``)."""
+    hardware_address: str = Field(default="", max_length=128)
+    """Its MAC address (or another hardware address)."""
+
+    @field_validator("ips")
+    @classmethod
+    def _ips(cls, ips: tuple[str, ...]) -> tuple[str, ...]:
+        import ipaddress
+
+        if len(ips) > MAX_NETWORK_IPS:
+            raise ValueError(f"at most {MAX_NETWORK_IPS} addresses")
+        if len(set(ips)) != len(ips):
+            raise ValueError("an address is given twice")
+        for ip in ips:
+            try:
+                interface = ipaddress.ip_interface(ip)
+            except ValueError:
+                interface = None
+            canonical = f"{interface.ip}/{interface.network.prefixlen}" if interface else None
+            if interface is None or "/" not in ip:
+                raise ValueError(f"{ip!r} is not an address with its prefix length (10.9.8.7/24)")
+            if ip != canonical:
+                raise ValueError(f"{ip!r} is not in canonical form ({canonical!r})")
+        return ips
+
+
+class DeviceStatus(_Frozen):
+    """What a driver reports about a device it prepared (claim device status, GA in Kubernetes
+    1.37): devplug writes it to the claim's ``status.devices`` after the prepare, where users,
+    controllers and ``kubectl describe`` read it, and removes it at unprepare."""
+
+    conditions: tuple[DeviceCondition, ...] = ()
+    """At most 8, each type once."""
+    data: dict[str, Any] | None = None
+    """Driver-specific details, any JSON object of at most 10 KiB."""
+    network_data: NetworkData | None = None
+
+    @model_validator(mode="after")
+    def _limits(self) -> "DeviceStatus":
+        types = [c.type for c in self.conditions]
+        if len(types) > MAX_DEVICE_CONDITIONS:
+            raise ValueError(f"at most {MAX_DEVICE_CONDITIONS} conditions")
+        if len(set(types)) != len(types):
+            raise ValueError("a condition type is given twice")
+        if self.data is not None:
+            import json
+
+            try:
+                size = len(json.dumps(self.data, separators=(",", ":")).encode())
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"data is not JSON: {exc}") from None
+            if size > MAX_DEVICE_DATA_BYTES:
+                raise ValueError(f"data takes {size} bytes as JSON, more than {MAX_DEVICE_DATA_BYTES}")
+        return self
+
+    def as_dict(self, transition_time: str) -> dict[str, Any]:
+        """The status in the API's JSON shape (without the device's names), its conditions
+        stamped ``transition_time`` (RFC 3339)."""
+        out: dict[str, Any] = {}
+        if self.conditions:
+            out["conditions"] = [
+                {
+                    "type": c.type,
+                    "status": c.status,
+                    "reason": c.reason,
+                    "message": c.message,
+                    "lastTransitionTime": transition_time,
+                    **(
+                        {"observedGeneration": c.observed_generation}
+                        if c.observed_generation is not None
+                        else {}
+                    ),
+                }
+                for c in self.conditions
+            ]
+        if self.data is not None:
+            out["data"] = self.data
+        if self.network_data is not None:
+            network = {
+                "interfaceName": self.network_data.interface_name,
+                "ips": list(self.network_data.ips),
+                "hardwareAddress": self.network_data.hardware_address,
+            }
+            out["networkData"] = {k: v for k, v in network.items() if v}
+        return out
+
+
 class PreparedDevice(_Frozen):
     """What :meth:`~devplug.DevicePlugin.prepare_claim` returns per allocated device.
 
@@ -731,6 +866,9 @@ class PreparedDevice(_Frozen):
     share_id: str | None = None
     """Which share this answer is for, where the claim has the same device twice (two requests,
     each a share of it: :attr:`AllocatedDevice.share_id`); None otherwise."""
+    status: DeviceStatus | None = None
+    """What to report about the device in the claim's ``status.devices`` (conditions, data,
+    network data); written after the prepare succeeds, removed at unprepare."""
 
     @model_validator(mode="before")
     @classmethod

@@ -97,6 +97,9 @@ class PreparedEntry:
     consumed_capacity: Mapping[str, str] = field(default_factory=dict)
     """What the share consumes of the device (the checkpoint's record, weighed against the
     device's capacity when another share is prepared)."""
+    status: Mapping[str, Any] | None = None
+    """What the driver reports about the device in the claim's ``status.devices`` (its
+    ``conditions``, ``data``, ``networkData`` in the API's shape), None for nothing."""
 
     def to_json(self) -> dict[str, Any]:
         """The checkpoint's form: the kubelet's field names in the API's spelling."""
@@ -111,12 +114,15 @@ class PreparedEntry:
             data["shareID"] = self.share_id
         if self.consumed_capacity:
             data["consumedCapacity"] = dict(self.consumed_capacity)
+        if self.status is not None:
+            data["status"] = dict(self.status)
         return data
 
     @classmethod
     def from_json(cls, data: object, where: str = "device") -> PreparedEntry:
-        """Read :meth:`to_json`'s form, as every version of the checkpoint wrote it (``shareID``
-        and ``consumedCapacity`` only when set; ``adminAccess`` taken as false when absent).
+        """Read :meth:`to_json`'s form, as every version of the checkpoint wrote it (``shareID``,
+        ``consumedCapacity`` and ``status`` only when set; ``adminAccess`` taken as false when
+        absent). An older version reads past the fields it does not know.
 
         Raises:
             AllocationError: ``data`` is not such an object; ``where`` names it in the message.
@@ -130,6 +136,7 @@ class PreparedEntry:
             admin_access=_flag(fields, "adminAccess", where),
             share_id=_text(fields, "shareID", where, required=False) or None,
             consumed_capacity=_quantities(fields, "consumedCapacity", where),
+            status=_optional_object(fields, "status", where) or None,
         )
 
 

@@ -19,6 +19,7 @@ it cannot leave a device prepared for a claim nobody will unprepare again.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import itertools
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 
     from devplug._dra.allocation import Allocation, DeviceConfig, DeviceResult
     from devplug._dra.checkpoint import Checkpoint
+    from devplug._dra.claim_status import StatusWriter
     from devplug._dra.inventory import Inventory
     from devplug._dra.metadata import MetadataPlan, MetadataRemoval
     from devplug._resource_claim import ResourceClaimDict
@@ -99,6 +101,7 @@ class Preparer:
         host_path_check: CheckMode = "warn",
         host_root: Path | str = "/",
         metadata: MetadataOptions | None = None,
+        status: StatusWriter | None = None,
     ) -> None:
         self.driver = driver
         self.node = node
@@ -111,6 +114,7 @@ class Preparer:
         self._host_path_check: CheckMode = host_path_check
         self._host_root = host_root
         self._metadata = metadata
+        self._status = status
         self._sequence = itertools.count(1)
         self._running: set[int] = set()  # start numbers of the prepares in progress
         self._unprepared: dict[str, int] = {}  # claim UID -> number of its last unprepare
@@ -195,6 +199,7 @@ class Preparer:
             _check_recorded_shares(ref, done, read.allocation.results_of(self.driver))
             await self._restore_spec(done)
             await self._restore_metadata(ref, read, done)
+            self._report(ref, done)
             self._log.info("claim_prepared_again", claim=str(ref), uid=ref.uid)
             return done.devices
         devices = self._devices_of(ref, read.allocation.results_of(self.driver))
@@ -210,6 +215,7 @@ class Preparer:
         edits: dict[str, ContainerAllocation] = {}
         own_spec: CdiSpecFile | None = None  # a spec file a prepare_claim hook handed over
         done_by: list[DevicePlugin] = []  # the plugins whose part of the claim is done
+        stamp = _now()  # the reported conditions' lastTransitionTime
         try:
             for key, group in by_plugin.items():
                 plugin = plugins[key]
@@ -225,7 +231,7 @@ class Preparer:
                     prepared = await self._default(plugin, ref, group, edits)
                     if plugin not in done_by:
                         done_by.append(plugin)
-                record.devices.extend(_answer(self.node, group, prepared))
+                record.devices.extend(_answer(self.node, group, prepared, stamp))
                 record.resources.append(plugin.resource_name)
                 own_spec = _handed_spec(ref, own_spec, prepared)
             _record_spec(record, self.driver, ref, edits, own_spec)
@@ -244,6 +250,7 @@ class Preparer:
                     await self._undo(ref, record, done_by)
             raise
         self._log.info("claim_prepared", claim=str(ref), uid=ref.uid, devices=[d.name for d in devices])
+        self._report(ref, record)
         return record.devices
 
     def _devices_of(self, ref: ClaimRef, results: list[DeviceResult]) -> list[AllocatedDevice]:
@@ -353,6 +360,24 @@ class Preparer:
         except HostPathError as exc:
             log.error("allocate_refused", devices=ids, error=str(exc))
             raise ClaimError(f"claim {ref}: allocate for {ids}: {exc}") from None
+
+    def _report(self, ref: ClaimRef, record: PreparedClaim) -> None:
+        """Have the claim's ``status.devices`` show what its devices report, if any do."""
+        if self._status is None:
+            return
+        entries = [
+            {
+                "driver": self.driver,
+                "pool": d.pool,
+                "device": d.device,
+                **({"shareID": d.share_id} if d.share_id else {}),
+                **d.status,
+            }
+            for d in record.devices
+            if d.status is not None
+        ]
+        if entries:
+            self._status.publish(ref, entries)
 
     def _metadata_plan(
         self, ref: ClaimRef, read: _Read, devices: list[AllocatedDevice]
@@ -519,6 +544,8 @@ class Preparer:
             await plugin.release_device(name)
         # One trip to a worker thread: the spec goes, then the checkpoint that recorded it.
         await anyio.to_thread.run_sync(self._forget, ref, record)
+        if self._status is not None and any(d.status is not None for d in record.devices):
+            self._status.withdraw(ref)
         self._log.info("claim_unprepared", claim=str(ref), uid=ref.uid)
 
     def _forget(self, ref: ClaimRef, record: PreparedClaim) -> None:
@@ -719,8 +746,13 @@ def _record_spec(
         record.spec_file, record.spec_text = handed.name, handed.text
 
 
+def _now() -> str:
+    """Now, as the API writes times (RFC 3339, whole seconds, UTC)."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _answer(
-    node: str, devices: list[AllocatedDevice], prepared: Sequence[PreparedDevice]
+    node: str, devices: list[AllocatedDevice], prepared: Sequence[PreparedDevice], stamp: str = ""
 ) -> list[PreparedEntry]:
     """The kubelet's Device entries for what a plugin prepared (checked against what was asked)."""
     asked: dict[str, list[AllocatedDevice]] = {}
@@ -741,6 +773,7 @@ def _answer(
                 admin_access=device.admin_access,
                 share_id=device.share_id,
                 consumed_capacity=device.consumed_capacity,
+                status=item.status.as_dict(stamp or _now()) if item.status is not None else None,
             )
         )
     return out

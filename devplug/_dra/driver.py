@@ -28,6 +28,7 @@ import grpc
 import structlog
 
 from devplug._dra.checkpoint import FILE_NAME, Checkpoint
+from devplug._dra.claim_status import StatusWriter
 from devplug._dra.claims import ClaimError, MetadataOptions, Preparer
 from devplug._dra.inventory import Inventory
 from devplug._dra.kube import KubeError, load_client
@@ -118,6 +119,8 @@ class DraService:
         self.registered = False
         self.registration_error: str | None = None
         self.publisher: SlicePublisher | None = None
+        self.status_writer: StatusWriter | None = None
+        """Writes the claims' ``status.devices`` entries that prepared devices report."""
         self._kube = kube
         self._own_kube = False
         self._preparer: Preparer | None = None
@@ -190,6 +193,11 @@ class DraService:
                 "partition_types_supported": publisher.partition_types_supported if publisher else None,
                 "last_error": publisher.last_error if publisher else None,
             },
+            "claim_status": {
+                "pending": self.status_writer.pending() if self.status_writer else 0,
+                "writes": self.status_writer.writes if self.status_writer else 0,
+                "errors": self.status_writer.errors if self.status_writer else 0,
+            },
             "prepared_claims": sorted(
                 f"{c.namespace}/{c.name} ({uid})" for uid, c in self.checkpoint.claims.items()
             ),
@@ -232,6 +240,7 @@ class DraService:
         self.publisher = SlicePublisher(
             kube, driver=self.driver, node=self.node, inventory=self.inventory, log=self._log
         )
+        self.status_writer = StatusWriter(kube, self.driver, self._log)
         self._preparer = Preparer(
             driver=self.driver,
             node=self.node,
@@ -248,6 +257,7 @@ class DraService:
                 versions=self.settings.device_metadata_versions,
                 enabled=self.settings.device_metadata,
             ),
+            status=self.status_writer,
         )
 
     def _claim_sockets(self) -> None:
@@ -292,6 +302,8 @@ class DraService:
             for index in range(len(self.inventory.plugins)):
                 self._feeds.append(await tg.start(self._feed, index))
             tg.start_soon(publisher.run)
+            if self.status_writer is not None:
+                tg.start_soon(self.status_writer.run)
             if not self.inventory.current.complete:
                 self._log.info("waiting_for_devices")
             await self.inventory.newer_than(0)
@@ -413,7 +425,7 @@ class DraDriver(Host):
 
     A :class:`~devplug._runtime.host.Host` with one :class:`DraService` (``service``); its
     attributes (``driver``, ``node``, the sockets, ``inventory``, ``checkpoint``, ``publisher``,
-    ``stats``, ``registered``) are the service's.
+    ``status_writer``, ``stats``, ``registered``) are the service's.
 
     Raises:
         ConfigError: (at construction) no node name, no plugins, a hook that cannot work as
@@ -480,6 +492,11 @@ class DraDriver(Host):
     def publisher(self) -> SlicePublisher | None:
         """What keeps the ResourceSlices (after :meth:`open`)."""
         return self.service.publisher
+
+    @property
+    def status_writer(self) -> StatusWriter | None:
+        """What writes the claims' ``status.devices`` entries (after :meth:`open`)."""
+        return self.service.status_writer
 
     @property
     def stats(self) -> DraStats:

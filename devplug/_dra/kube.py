@@ -125,6 +125,21 @@ class Kube:
         data: dict[str, Any] = json.loads(response.content)
         return data
 
+    async def patch_claim_status(
+        self, namespace: str, name: str, resource_version: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Merge ``status`` into the claim's status, if the claim is still at
+        ``resource_version`` (409 otherwise: someone wrote it meanwhile)."""
+        from lightkube.resources.resource_v1 import ResourceClaim
+        from lightkube.types import PatchType
+
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        async with _errors():
+            obj = await self._client.patch(
+                ResourceClaim.Status, name, body, namespace=namespace, patch_type=PatchType.MERGE
+            )
+        return _dict(obj)
+
     async def list_slices(self, driver: str, node: str) -> tuple[list[dict[str, Any]], str]:
         """The driver's slices of the node, and the list's resourceVersion (to watch from)."""
         from lightkube.resources.resource_v1 import ResourceSlice

@@ -17,7 +17,8 @@ The types only a DRA driver uses are here: what a device declares for DRA (``Cou
 ``CounterConsumption``, ``DeviceTaint``, ``CapacityRequestPolicy``, beside ``Device`` in
 :mod:`devplug`) and what the
 claim hooks take and return (``Claim`` and its ``ResourceClaimDict``, ``AllocatedDevice``,
-``OpaqueConfig``, ``PreparedDevice``, ``CdiSpecFile``), and ``ClaimRef``, a claim as the kubelet
+``OpaqueConfig``, ``PreparedDevice``, ``CdiSpecFile``, and a device's ``DeviceStatus`` with its
+``DeviceCondition`` and ``NetworkData``), and ``ClaimRef``, a claim as the kubelet
 names it (what the fake kubelet's calls take).
 """
 
@@ -34,7 +35,10 @@ from devplug.models import (
     ClaimRef,
     CounterConsumption,
     CounterSet,
+    DeviceCondition,
+    DeviceStatus,
     DeviceTaint,
+    NetworkData,
     OpaqueConfig,
     PreparedDevice,
     ResourceClaimDict,
@@ -52,8 +56,11 @@ __all__ = [
     "ClaimRef",
     "CounterConsumption",
     "CounterSet",
+    "DeviceCondition",
+    "DeviceStatus",
     "DeviceTaint",
     "DraDriver",
+    "NetworkData",
     "OpaqueConfig",
     "PreparedDevice",
     "ResourceClaimDict",

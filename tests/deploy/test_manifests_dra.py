@@ -50,12 +50,26 @@ METRICS_PORT = 8080
 METRICS_ADDRESS = f"0.0.0.0:{METRICS_PORT}"
 
 RBAC_RULES = {
-    ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "patch", "delete"},
-    ("resource.k8s.io", "resourceclaims"): {"get"},
-    ("", "nodes"): {"get"},
+    ("resource.k8s.io", "resourceslices", ""): {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "update",
+        "patch",
+        "delete",
+    },
+    ("resource.k8s.io", "resourceclaims", ""): {"get"},
+    ("resource.k8s.io", "resourceclaims/status", ""): {"update", "patch"},
+    ("resource.k8s.io", "resourceclaims/driver", "fake.example.com"): {
+        "associated-node:update",
+        "associated-node:patch",
+    },
+    ("", "nodes", ""): {"get"},
 }
-"""dra.md §6: the slices of the node; the claim read at prepare; the Node, for the owner
-reference. No resourceclaims/status: devplug does not write a claim's status."""
+"""dra.md §6: the slices of the node; the claim read at prepare; the claim's status.devices
+written with what the prepared devices report (and, from 1.36, the per-driver check of those
+writes, for this driver's name only); the Node, for the owner reference."""
 
 DOWNWARD_API = {"NODE_NAME": "spec.nodeName", "POD_UID": "metadata.uid"}
 NODE = "node-a"
@@ -296,16 +310,16 @@ def test_rolling_update_surges_only_with_per_pod_sockets() -> None:
 
 def test_cluster_role_has_exactly_the_verbs_a_dra_driver_uses() -> None:
     role = _one(_objects(DRIVER_KUSTOMIZATION), "ClusterRole")
-    rules: dict[tuple[str, str], set[str]] = {}
+    rules: dict[tuple[str, str, str], set[str]] = {}
     for rule in role["rules"]:
-        assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no resourceNames, no URLs
+        assert set(rule) <= {"apiGroups", "resources", "resourceNames", "verbs"}, rule  # no URLs
         assert len(set(rule["verbs"])) == len(rule["verbs"]), rule
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
-                assert (group, resource) not in rules, f"{group}/{resource} in two rules"
-                rules[group, resource] = set(rule["verbs"])
+                for name in rule.get("resourceNames") or [""]:
+                    assert (group, resource, name) not in rules, f"{group}/{resource} in two rules"
+                    rules[group, resource, name] = set(rule["verbs"])
     assert rules == RBAC_RULES
-    assert ("resource.k8s.io", "resourceclaims/status") not in rules  # devplug writes no status
 
 
 def test_cluster_role_binding_binds_the_daemonsets_account() -> None:

@@ -314,23 +314,29 @@ def test_rolling_update_surges_only_with_per_pod_sockets() -> None:
 # -- RBAC -----------------------------------------------------------------------------------------
 
 
-def _rules(objects: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
-    rules: dict[tuple[str, str], set[str]] = {}
+def _rules(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str], set[str]]:
+    rules: dict[tuple[str, str, str], set[str]] = {}
     for rule in _one(objects, "ClusterRole")["rules"]:
-        assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no resourceNames, no URLs
+        assert set(rule) <= {"apiGroups", "resources", "resourceNames", "verbs"}, rule  # no URLs
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
-                assert (group, resource) not in rules, f"{group}/{resource} in two rules"
-                rules[group, resource] = set(rule["verbs"])
+                for name in rule.get("resourceNames") or [""]:
+                    assert (group, resource, name) not in rules, f"{group}/{resource} in two rules"
+                    rules[group, resource, name] = set(rule["verbs"])
     return rules
 
 
 def test_cluster_role_is_the_dra_drivers_of_deploy_dra() -> None:
     """The same runtime, so the same requests: exactly deploy/dra's rules (dra.md §6)."""
     rules = _rules(_objects(DRIVER_KUSTOMIZATION))
-    assert rules == _rules(_objects("dra"))
+    ours = _rules(_objects("dra"))
+    driver = ("resource.k8s.io", "resourceclaims/driver")
+    # The same, but for the per-driver rule, which names each one's driver.
+    assert {k: v for k, v in rules.items() if k[:2] != driver} == {
+        k: v for k, v in ours.items() if k[:2] != driver
+    }
     assert rules == {
-        ("resource.k8s.io", "resourceslices"): {
+        ("resource.k8s.io", "resourceslices", ""): {
             "get",
             "list",
             "watch",
@@ -339,8 +345,10 @@ def test_cluster_role_is_the_dra_drivers_of_deploy_dra() -> None:
             "patch",
             "delete",
         },
-        ("resource.k8s.io", "resourceclaims"): {"get"},
-        ("", "nodes"): {"get"},
+        ("resource.k8s.io", "resourceclaims", ""): {"get"},
+        ("resource.k8s.io", "resourceclaims/status", ""): {"update", "patch"},
+        (*driver, "gpu.nvidia.com"): {"associated-node:update", "associated-node:patch"},
+        ("", "nodes", ""): {"get"},
     }
 
 
