@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -23,7 +24,7 @@ from pydantic_settings import BaseSettings, CliSuppress, PydanticBaseSettingsSou
 
 from devplug.errors import ConfigError
 from devplug.settings import Settings, load_settings
-from devplug_nvidia._config._feature_gates import FeatureGateError, parse_feature_gates
+from devplug_nvidia._config._feature_gates import CONSUMABLE_SHARES, FeatureGateError, parse_feature_gates
 from devplug_nvidia._config._file import (
     ConfigFileV1,
     DeviceListStrategy,
@@ -39,9 +40,20 @@ if TYPE_CHECKING:
 
     from pydantic.fields import FieldInfo
 
-__all__ = ["CDI_STRATEGIES", "DRA_ENV_NAMES", "ENV_NAMES", "NvidiaSettings", "load_nvidia_settings"]
+__all__ = [
+    "CDI_STRATEGIES",
+    "DRA_ENV_NAMES",
+    "ENV_NAMES",
+    "ConsumableShares",
+    "NvidiaSettings",
+    "load_nvidia_settings",
+]
 
 CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
+_GO_INT = re.compile(r"[+-]?[0-9]+")
+
+ConsumableShares = Literal["memory", "unlimited"] | int
+"""A ``--consumable-shares`` mode that shares devices: ``memory``, ``unlimited`` or N shares."""
 
 ENV_NAMES: dict[str, tuple[str, ...]] = {
     "mig_strategy": ("MIG_STRATEGY",),
@@ -73,6 +85,13 @@ DRA_ENV_NAMES: dict[str, tuple[str, ...]] = {
     "plugins_registry_dir": ("KUBELET_REGISTRAR_DIRECTORY_PATH",),
     "feature_gates": ("FEATURE_GATES",),
     "additional_xids_to_ignore": ("ADDITIONAL_XIDS_TO_IGNORE",),
+    "consumable_shares": ("CONSUMABLE_SHARES",),
+    "host_root": ("HOST_ROOT",),
+    "metrics_address": ("HTTP_ENDPOINT",),
+    "metrics_path": ("METRICS_PATH",),
+    "service_account_name": ("SERVICE_ACCOUNT_NAME",),
+    "image_pull_secrets": ("IMAGE_PULL_SECRETS",),
+    "image_pull_policy": ("IMAGE_PULL_POLICY",),
 }
 """Field → the environment variables of NVIDIA's DRA driver (gpu-kubelet-plugin) for settings
 devplug has too, read like :data:`ENV_NAMES` (for ``--api dra``)."""
@@ -88,6 +107,7 @@ _FLAG_ALIASES = {
     # NVIDIA's DRA driver's flags where devplug has the same setting.
     "--cdi-root": "--cdi-dir",
     "--kubelet-registrar-directory-path": "--plugins-registry-dir",
+    "--http-endpoint": "--metrics-address",
 }
 
 # Config-file field → settings field ("plugin." marks flags.plugin.*).
@@ -183,12 +203,30 @@ class NvidiaSettings(Settings):
     """Run on the fake NVML machine model of this name (testing; DEVPLUG_FAKE_NVML)."""
     feature_gates: str = ""
     """NVIDIA's DRA feature gates, Name=true,Other=false: TimeSlicingSettings, MPSSupport,
-    PassthroughSupport, DynamicMIG, NVMLDeviceHealthCheck, DeviceMetadata; all off by default, as
-    NVIDIA's (FEATURE_GATES)."""
+    DynamicMIG, NVMLDeviceHealthCheck, ConsumableShares, FabricManagerPartitioning, ... (NVIDIA's
+    names and defaults; FEATURE_GATES)."""
     additional_xids_to_ignore: str = ""
     """For --api dra: a comma list of XIDs to treat like the ignored 13, 31, 43, 45, 68 and 109,
     so that they taint their device with effect None, not NoSchedule; empty: none
     (ADDITIONAL_XIDS_TO_IGNORE). With --api device-plugin, DP_DISABLE_HEALTHCHECKS does that."""
+    consumable_shares: str = "disabled"
+    """For --api dra: GPUs and MIG devices shared by several claims (consumable capacity):
+    disabled, memory (a claim takes all the memory unless it asks for less), unlimited (a claim
+    takes none unless it asks), or a positive integer N (also N shares, a claim takes one);
+    needs the ConsumableShares feature gate (CONSUMABLE_SHARES)."""
+    metrics_path: str = "/metrics"
+    """For --api dra: where NVIDIA's driver serves its metrics; /metrics is the only path served
+    here, and empty turns the metrics server (--metrics-address, alias --http-endpoint) off
+    (METRICS_PATH)."""
+    service_account_name: str = ""
+    """For --api dra: the service account of NVIDIA's MPS control-daemon Deployments; only empty
+    is accepted, the MPS daemons run in this pod (SERVICE_ACCOUNT_NAME)."""
+    image_pull_secrets: str = ""
+    """For --api dra: the image pull secrets of NVIDIA's MPS control-daemon Deployments; only
+    empty is accepted (IMAGE_PULL_SECRETS)."""
+    image_pull_policy: str = ""
+    """For --api dra: the image pull policy of NVIDIA's MPS control-daemon Deployments; only
+    empty is accepted (IMAGE_PULL_POLICY)."""
 
     sharing: CliSuppress[Sharing] = Sharing()
     """sharing.timeSlicing / sharing.mps of the config file."""
@@ -263,6 +301,20 @@ class NvidiaSettings(Settings):
                 )
         return value
 
+    @field_validator("metrics_address", mode="before")
+    @classmethod
+    def _empty_endpoint(cls, value: Any) -> Any:
+        # NVIDIA's HTTP_ENDPOINT="" (its default) means no metrics server.
+        return None if value == "" else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_metrics_path(cls, data: Any) -> Any:
+        # NVIDIA's driver serves no metrics with an empty path, whatever the endpoint.
+        if isinstance(data, dict) and data.get("metrics_path") == "":
+            return {**data, "metrics_address": None}
+        return data
+
     @model_validator(mode="before")
     @classmethod
     def _merge_config_file(cls, data: Any) -> Any:
@@ -274,6 +326,7 @@ class NvidiaSettings(Settings):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> NvidiaSettings:
+        _check_consumable_shares(self.consumable_shares, self.gates)
         if self.sharing.strategy == "mps":
             if self.mig_strategy == "mixed":
                 raise ConfigError("using --mig-strategy=mixed is not supported with MPS (sharing.mps)")
@@ -304,6 +357,19 @@ class NvidiaSettings(Settings):
         return self.gates[name]
 
     @property
+    def shares(self) -> ConsumableShares | None:
+        """What ``--consumable-shares`` publishes (None: devices are not shared): NVIDIA's
+        ``isConsumableSharesEnabled``, the gate on and a mode other than ``disabled``."""
+        if not self.gates[CONSUMABLE_SHARES] or self.consumable_shares.strip() in ("", "disabled"):
+            return None
+        mode = self.consumable_shares.strip()
+        if mode == "memory":
+            return "memory"
+        if mode == "unlimited":
+            return "unlimited"
+        return int(mode)
+
+    @property
     def cdi_only(self) -> bool:
         """Only CDI device-list strategies are selected."""
         return set(self.device_list_strategy) <= CDI_STRATEGIES
@@ -311,6 +377,29 @@ class NvidiaSettings(Settings):
     @property
     def any_cdi(self) -> bool:
         return bool(set(self.device_list_strategy) & CDI_STRATEGIES)
+
+
+def _check_consumable_shares(value: str, gates: Mapping[str, bool]) -> None:
+    """NVIDIA's ``validateCLIFlags`` for ``--consumable-shares``: the gate first, then the value
+    (``disabled``, ``memory``, ``unlimited`` or a positive integer as Go's ``strconv.Atoi`` reads
+    it: an optional sign, decimal digits, nothing else).
+
+    Raises:
+        ConfigError: NVIDIA's words, after its ``invalid CLI flags:``.
+    """
+    if value == "disabled":
+        return
+    if not gates[CONSUMABLE_SHARES]:
+        raise ConfigError(
+            f"invalid CLI flags: --consumable-shares requires feature gate {CONSUMABLE_SHARES} to be enabled"
+        )
+    if value in ("memory", "unlimited"):
+        return
+    if not (_GO_INT.fullmatch(value) and 0 < int(value) < 2**63):
+        raise ConfigError(
+            f'invalid CLI flags: invalid value for --consumable-shares: "{value}" '
+            "(must be 'disabled', 'memory', 'unlimited', or a positive integer)"
+        )
 
 
 def _file_values(parsed: ConfigFileV1) -> dict[str, Any]:

@@ -1,11 +1,14 @@
 """devplug-nvidia as a DRA driver: NVIDIA's GPUs as NVIDIA's own DRA driver serves them.
 
 ``devplug-nvidia --api dra`` (driver ``gpu.nvidia.com``) publishes one pool per node with the
-devices, names, attributes and capacities of NVIDIA's ``gpu-kubelet-plugin`` v0.4.1: full GPUs
+devices, names, attributes and capacities of NVIDIA's ``gpu-kubelet-plugin`` v0.5.0: full GPUs
 without MIG mode as ``gpu-<minor>``, and the MIG devices that exist (static MIG) as
 ``gpu-<parent minor>-mig-<profile>-<GI profile ID>-<placement start>``; a MIG-enabled GPU is
 announced only through its MIG devices. devplug's own attributes are off, so that selectors
-written for NVIDIA's driver match the same devices.
+written for NVIDIA's driver match the same devices. With ``ConsumableShares`` and
+``--consumable-shares`` the devices are shared by claims (:mod:`~devplug_nvidia._dra._shares`);
+what NVIDIA does and devplug-nvidia does not is refused at start
+(:mod:`~devplug_nvidia._dra._support`).
 
 A claim is prepared as NVIDIA prepares it: one transient CDI spec per claim,
 ``k8s.gpu.nvidia.com-claim_<uid>.yaml``, with the ID ``k8s.gpu.nvidia.com/claim=<uid>-<device>``
@@ -24,14 +27,29 @@ import anyio
 import structlog
 
 from devplug._text import os_error_text
-from devplug.errors import DevplugError, config_error_in
+from devplug.errors import ConfigError, DevplugError, config_error_in
 from devplug.models import CdiSpecFile, ContainerAllocation, PreparedDevice
 from devplug.plugin import DevicePlugin
+from devplug_nvidia._config._feature_gates import FABRIC_MANAGER_PARTITIONING
 from devplug_nvidia._container._allocate import CONTROL_NODES, build_allocation, present_nodes
 from devplug_nvidia._dra._cdi import build_claim_spec, claim_device_id, claim_spec_file, spec_yaml
 from devplug_nvidia._dra._devices import DRIVER_NAME, announced, device_of
-from devplug_nvidia._dra._dynamic import DynamicMig, creates_mig_devices, destroys_mig_devices, dynamic_mig
-from devplug_nvidia._dra._sharing import SharingManager, plan, sharing_manager, with_device_edits
+from devplug_nvidia._dra._dynamic import (
+    DynamicMig,
+    creates_mig_devices,
+    destroys_mig_devices,
+    dynamic_mig,
+    shared_key,
+)
+from devplug_nvidia._dra._shares import ShareConfigs, shared_device
+from devplug_nvidia._dra._sharing import (
+    SharingError,
+    SharingManager,
+    plan,
+    sharing_manager,
+    with_device_edits,
+)
+from devplug_nvidia._dra._support import check_fabric, check_supported
 from devplug_nvidia.config import NvidiaSettings
 from devplug_nvidia.discovery import GPU_RESOURCE, NvmlSource, discover_devices, nvml_source
 
@@ -89,11 +107,16 @@ class NvidiaDraPlugin(DevicePlugin):
         self.driver_files = driver_files
         self.proc = proc
         self.records = announced(records) if dynamic_mig is None else dynamic_mig.kept(announced(records))
-        self.devices = [device_of(r) for r in self.records]
+        fabric = config.gates[FABRIC_MANAGER_PARTITIONING]
+        self.devices = [device_of(r, fabric=fabric) for r in self.records]
         self._by_name = {d.name: r for d, r in zip(self.devices, self.records, strict=True)}
         self._by_id = {r.uuid: r for r in self.records}
         self.dynamic_mig = dynamic_mig
         self.devices += dynamic_mig.devices if dynamic_mig is not None else []
+        self.consumable_shares = config.shares
+        """``--consumable-shares`` (None: devices go to one claim at a time)."""
+        if self.consumable_shares is not None:
+            self.devices = [shared_device(d, self.consumable_shares) for d in self.devices]
         self.health = health
 
     @classmethod
@@ -115,13 +138,16 @@ class NvidiaDraPlugin(DevicePlugin):
         chooses them (``module``: a pynvml-like module, e.g. a fake machine).
 
         Raises:
+            ConfigError: a gate or flag asks for what devplug-nvidia does not do.
             NvmlError: NVML failed.
         """
         from devplug_nvidia._container._cdi import driver_view
         from devplug_nvidia._container._cdi_driver import find_driver_files
         from devplug_nvidia._dra._health import dra_health_monitor
 
+        check_supported(settings)
         source = nvml_source(settings, module=module, sysfs=sysfs, proc=proc)
+        check_fabric(settings, proc=source.proc, sysfs=source.sysfs)
         driver = settings.driver_name or DRIVER_NAME
         with source.open() as nvml:
             records = discover_devices(nvml, sysfs=source.sysfs, proc=source.proc, details=True)
@@ -205,10 +231,12 @@ class NvidiaDraPlugin(DevicePlugin):
         Raises:
             CapabilityError: a MIG device's capability files cannot be read.
         """
+        # Two shares of one device are one device of the spec.
+        names = dict.fromkeys(d.name for d in devices)
         spec = build_claim_spec(
             self.driver,
             claim_uid,
-            [(d.name, self._by_name[d.name]) for d in devices],
+            [(name, self._by_name[name]) for name in names],
             self.config,
             present=self.present,
             driver_files=self.driver_files,
@@ -230,15 +258,22 @@ class NvidiaDraPlugin(DevicePlugin):
             return "migdyn"
         return self._by_name[name].kind
 
+    @functools.cached_property
+    def share_configs(self) -> ShareConfigs:
+        """The configs the claims' shared devices were prepared with (consumable shares)."""
+        return ShareConfigs(self.config.dra_plugins_dir / self.driver / "shares")
+
     @creates_mig_devices
     async def prepare_claim(
         self, claim: Claim, devices: Sequence[AllocatedDevice], config: Sequence[OpaqueConfig]
     ) -> Sequence[PreparedDevice]:
         """Prepare as NVIDIA does: the opaque configs decoded and matched to the devices
         (:mod:`~devplug_nvidia._dra._config`), sharing applied per group, the claim's CDI spec.
+        A device shared with other claims (consumable shares) must get the same config as theirs.
 
         Raises:
             OpaqueConfigError: a config cannot be decoded, applied to its devices or is invalid.
+            ShareConflictError: a shared device's config differs from another claim's.
             SharingError: time-slicing or MPS could not be set up (nothing is left behind).
             CapabilityError: a MIG device's capability files cannot be read.
         """
@@ -251,17 +286,25 @@ class NvidiaDraPlugin(DevicePlugin):
             gates=self.config.gates,
             type_of=self._device_type,
         )
+        consumable = self.consumable_shares is not None
+        configs: dict[str, Any] = {}
+        if consumable:
+            configs = {name: g.config.model_dump(mode="json") for g in groups for name, _ in g.devices}
+            used = {d.name for d in devices if d.other_shares}
+            await anyio.to_thread.run_sync(self.share_configs.check, claim.uid, configs, used)
         extra: dict[str, ContainerEdits] = {}
-        if any(g.shares for g in groups):
-            extra = await anyio.to_thread.run_sync(self.sharing.apply, claim.uid, groups)
         try:
+            if any(g.shares for g in groups):
+                extra = await anyio.to_thread.run_sync(self.sharing.apply, claim.uid, groups)
             if extra:
                 spec = await anyio.to_thread.run_sync(self.claim_spec, claim.uid, devices, extra)
             else:
                 spec = await anyio.to_thread.run_sync(self.claim_spec, claim.uid, devices)
+            if consumable:
+                await anyio.to_thread.run_sync(self.share_configs.record, claim.uid, configs)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self.sharing.undo, claim.uid)
+                await anyio.to_thread.run_sync(self._undo_prepare, claim.uid, devices)
             raise
         return [
             PreparedDevice(
@@ -269,9 +312,32 @@ class NvidiaDraPlugin(DevicePlugin):
                 requests=(d.request,),
                 cdi_devices=(claim_device_id(self.driver, claim.uid, d.name),),
                 cdi_spec_file=spec,
+                share_id=d.share_id,
             )
             for d in devices
         ]
+
+    def _undo_prepare(self, claim_uid: str, devices: Sequence[AllocatedDevice]) -> None:
+        """Undo a prepare that failed: the claim's sharing, and (consumable shares) what its
+        devices that no other claim uses needed as a whole."""
+        self.sharing.undo(claim_uid)
+        if self.consumable_shares is None:
+            return
+        self.share_configs.forget(claim_uid)
+        for name in dict.fromkeys(d.name for d in devices if not d.other_shares):
+            record = self._by_name.get(name)
+            if record is None or record.kind != "gpu":
+                continue
+            try:
+                self.sharing.release_gpu(record.uuid)
+            except SharingError as exc:  # the prepare's own error is the one to report
+                log.error(
+                    "rollback_failed",
+                    claim_uid=claim_uid,
+                    device=name,
+                    error=str(exc),
+                    note="time slice left set",
+                )
 
     @destroys_mig_devices
     async def unprepare_claim(self, claim: Claim) -> None:
@@ -282,6 +348,26 @@ class NvidiaDraPlugin(DevicePlugin):
             SharingError: a daemon or a setting could not be undone (the kubelet retries).
         """
         await anyio.to_thread.run_sync(self.sharing.undo, claim.uid)
+        if self.consumable_shares is not None:
+            await anyio.to_thread.run_sync(self.share_configs.forget, claim.uid)
+
+    async def release_device(self, name: str) -> None:
+        """No claim uses device ``name`` any more. With consumable shares, undo what its claims
+        left for the device as a whole, as NVIDIA does when a shared device's last claim goes:
+        reset a GPU's time slice, destroy a dynamic MIG device.
+
+        Raises:
+            SharingError: the time slice could not be reset (the kubelet retries).
+            DynamicMigError: the MIG device could not be destroyed (the kubelet retries).
+        """
+        if self.consumable_shares is None:
+            return
+        if self.dynamic_mig is not None and self.dynamic_mig.owns(name):
+            await anyio.to_thread.run_sync(self.dynamic_mig.destroy, shared_key(name))
+            return
+        record = self._by_name.get(name)
+        if record is not None and record.kind == "gpu":
+            await anyio.to_thread.run_sync(self.sharing.release_gpu, record.uuid)
 
 
 def run_dra(settings: NvidiaSettings, prog: str, *, started: Callable[[], object] | None = None) -> int:
@@ -291,6 +377,9 @@ def run_dra(settings: NvidiaSettings, prog: str, *, started: Callable[[], object
         settings = settings.model_copy(update={"driver_name": DRIVER_NAME})
     try:
         plugin = NvidiaDraPlugin.from_settings(settings)
+    except ConfigError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     except DevplugError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1

@@ -41,6 +41,11 @@ METAVARS = {
     "fake_nvml": "MODEL",
     "additional_xids_to_ignore": "XID[,XID]",
     "feature_gates": "GATE=BOOL[,GATE=BOOL]",
+    "consumable_shares": "MODE",
+    "metrics_path": "PATH",
+    "service_account_name": "NAME",
+    "image_pull_secrets": "NAME[,NAME]",
+    "image_pull_policy": "POLICY",
 }
 """Placeholders of devplug-nvidia's own options (the choices are listed in their help)."""
 

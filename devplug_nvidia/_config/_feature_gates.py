@@ -1,7 +1,7 @@
 """The feature gates of NVIDIA's DRA driver (``--feature-gates``, ``FEATURE_GATES``).
 
 Parsed as Kubernetes' ``component-base/featuregate`` parses them for ``gpu-kubelet-plugin``
-v0.4.1: ``Name=true,Other=false``; values as Go's ``strconv.ParseBool`` reads them; ``AllAlpha``
+v0.5.0: ``Name=true,Other=false``; values as Go's ``strconv.ParseBool`` reads them; ``AllAlpha``
 and ``AllBeta`` set every alpha or beta gate not named explicitly; an unknown name, a missing
 value or a bad one is refused with Kubernetes' text; then the combinations NVIDIA refuses
 (``ValidateFeatureGates``). The defaults are NVIDIA's: every alpha gate off.
@@ -18,9 +18,17 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 __all__ = [
+    "COMPUTE_DOMAIN_CLIQUES",
+    "COMPUTE_DOMAIN_GATES",
+    "CONSUMABLE_SHARES",
+    "CRASH_ON_NVLINK_FABRIC_ERRORS",
     "DEVICE_METADATA",
+    "DRA_LIST_TYPE_ATTRIBUTES",
     "DYNAMIC_MIG",
+    "FABRIC_MANAGER_PARTITIONING",
     "GATES",
+    "HOST_MANAGED_IMEX_DAEMON",
+    "IMEX_DAEMONS_WITH_DNS_NAMES",
     "MPS_SUPPORT",
     "NVML_DEVICE_HEALTH_CHECK",
     "PASSTHROUGH_SUPPORT",
@@ -35,6 +43,13 @@ PASSTHROUGH_SUPPORT = "PassthroughSupport"
 DYNAMIC_MIG = "DynamicMIG"
 NVML_DEVICE_HEALTH_CHECK = "NVMLDeviceHealthCheck"
 DEVICE_METADATA = "DeviceMetadata"
+FABRIC_MANAGER_PARTITIONING = "FabricManagerPartitioning"
+DRA_LIST_TYPE_ATTRIBUTES = "DRAListTypeAttributes"
+CONSUMABLE_SHARES = "ConsumableShares"
+IMEX_DAEMONS_WITH_DNS_NAMES = "IMEXDaemonsWithDNSNames"
+COMPUTE_DOMAIN_CLIQUES = "ComputeDomainCliques"
+CRASH_ON_NVLINK_FABRIC_ERRORS = "CrashOnNVLinkFabricErrors"
+HOST_MANAGED_IMEX_DAEMON = "HostManagedIMEXDaemon"
 
 Stage = Literal["alpha", "beta"]
 
@@ -46,17 +61,32 @@ GATES: Mapping[str, tuple[bool, Stage]] = MappingProxyType(
         DYNAMIC_MIG: (False, "alpha"),
         NVML_DEVICE_HEALTH_CHECK: (False, "alpha"),
         DEVICE_METADATA: (False, "alpha"),
-        # Known to NVIDIA's binary (its ComputeDomain side and Kubernetes' logging); accepted so
-        # that a chart's FEATURE_GATES works unchanged, without effect here.
-        "IMEXDaemonsWithDNSNames": (True, "beta"),
-        "ComputeDomainCliques": (True, "beta"),
-        "CrashOnNVLinkFabricErrors": (True, "beta"),
+        FABRIC_MANAGER_PARTITIONING: (False, "alpha"),
+        DRA_LIST_TYPE_ATTRIBUTES: (False, "alpha"),
+        CONSUMABLE_SHARES: (False, "alpha"),
+        # Read only by NVIDIA's ComputeDomain components (controller, daemon, their kubelet
+        # plugin), known to gpu-kubelet-plugin through the shared registry, as Kubernetes'
+        # logging gates are; accepted so that a chart's FEATURE_GATES works unchanged, without
+        # effect here as there.
+        IMEX_DAEMONS_WITH_DNS_NAMES: (True, "beta"),
+        COMPUTE_DOMAIN_CLIQUES: (True, "beta"),
+        CRASH_ON_NVLINK_FABRIC_ERRORS: (True, "beta"),
+        HOST_MANAGED_IMEX_DAEMON: (False, "alpha"),
         "ContextualLogging": (True, "beta"),
         "LoggingAlphaOptions": (False, "alpha"),
         "LoggingBetaOptions": (True, "beta"),
     }
 )
-"""Every gate name NVIDIA's ``gpu-kubelet-plugin`` v0.4.1 knows: (default, stage)."""
+"""Every gate name NVIDIA's ``gpu-kubelet-plugin`` v0.5.0 knows: (default, stage)."""
+COMPUTE_DOMAIN_GATES = frozenset(
+    {
+        IMEX_DAEMONS_WITH_DNS_NAMES,
+        COMPUTE_DOMAIN_CLIQUES,
+        CRASH_ON_NVLINK_FABRIC_ERRORS,
+        HOST_MANAGED_IMEX_DAEMON,
+    }
+)
+"""The gates of NVIDIA's ComputeDomain components: no effect on the GPU driver, NVIDIA's or this."""
 _ALL = {"AllAlpha": "alpha", "AllBeta": "beta"}
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
@@ -107,6 +137,11 @@ def parse_feature_gates(text: str) -> Mapping[str, bool]:
         if special in asked:
             enabled.update({n: asked[special] for n, (_, s) in GATES.items() if s == stage})
     enabled.update({n: v for n, v in asked.items() if n in GATES})
+    if enabled[COMPUTE_DOMAIN_CLIQUES] and not enabled[IMEX_DAEMONS_WITH_DNS_NAMES]:
+        raise FeatureGateError(
+            f"feature gate validation failed: feature gate {COMPUTE_DOMAIN_CLIQUES} requires "
+            f"{IMEX_DAEMONS_WITH_DNS_NAMES} to also be enabled"
+        )
     for first, second in _EXCLUSIVE:
         if enabled[first] and enabled[second]:
             raise FeatureGateError(

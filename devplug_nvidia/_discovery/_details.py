@@ -1,6 +1,6 @@
 """The details discovery reads for DRA: what NVIDIA's DRA driver publishes beyond the device
-plugin's needs (brand, architecture, versions, addressing mode, PCIe root, MIG placement and
-profile numbers).
+plugin's needs (brand, architecture, versions, addressing mode, PCIe root, module ID, MIG
+placement and profile numbers).
 
 Read only by :func:`devplug_nvidia.discovery.discover_devices` with ``details=True``, so the
 device-plugin path makes no extra NVML call. Names are spelled as NVIDIA's go-nvlib spells them.
@@ -149,7 +149,22 @@ def gpu_details(
         cuda_driver_version=system.cuda_driver_version,
         addressing_mode=_addressing_mode(nvml, handle, index),
         pcie_root=pcie_root(bus_id, sysfs=sysfs),
+        module_id=_module_id(nvml, handle, index),
     )
+
+
+def _module_id(nvml: Nvml, handle: Any, gpu: int) -> int | None:
+    """``nvmlDeviceGetModuleId`` (NVIDIA's ``GetModuleId``); None where NVML does not tell.
+
+    Only ``FabricManagerPartitioning`` publishes it, and NVIDIA's driver goes on without it when
+    NVML fails, so a failure is logged rather than raised.
+    """
+    try:
+        return int(nvml.call("nvmlDeviceGetModuleId", handle))
+    except NvmlError as exc:
+        if exc.code not in _ABSENT:
+            log.info("module_id_unreadable", gpu=gpu, error=str(exc))
+        return None
 
 
 def profile_table(nvml: Nvml, parent: Any) -> dict[int, Any]:

@@ -1,11 +1,14 @@
-"""Discovery records → the devices NVIDIA's DRA driver (``gpu.nvidia.com``, v0.4.1) publishes.
+"""Discovery records → the devices NVIDIA's DRA driver (``gpu.nvidia.com``, v0.5.0) publishes.
 
 Pure. One device per full GPU without MIG mode (``gpu-<minor>``) and one per existing MIG device
 (``gpu-<parent minor>-mig-<profile>-<GI profile ID>-<placement start>``); a MIG-enabled GPU is
 announced only through its MIG devices. Attributes and capacities carry NVIDIA's names, types
 and normalisation (nvidia-dra.md §2-3): versions coerced to semantic versions as NVIDIA's
 driver does (``9.0`` → ``9.0.0``, ``580.95.05`` → ``580.95.5``, CUDA 13000 → ``13.0.0``), the
-memory in bytes written as Kubernetes writes a binary quantity (``80Gi``, ``9728Mi``).
+memory in bytes written as Kubernetes writes a binary quantity (``80Gi``, ``9728Mi``). With
+``FabricManagerPartitioning`` a full GPU also carries ``gpuModuleID`` (an int, where NVML
+reports a module other than 0; never on MIG devices). ``resource.kubernetes.io/numaNode`` is
+devplug's, from the devices' NUMA node.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DRIVER_NAME",
+    "MODULE_ID_ATTRIBUTE",
     "announced",
     "binary_quantity",
     "device_of",
@@ -117,14 +121,21 @@ def _details(record: GpuRecord) -> GpuDetails:
     return record.details
 
 
-def gpu_device(record: GpuRecord) -> Device:
-    """The published device of a full GPU."""
+MODULE_ID_ATTRIBUTE = "gpuModuleID"
+"""A full GPU's module ID, with ``FabricManagerPartitioning`` (NVIDIA v0.5.0)."""
+
+
+def gpu_device(record: GpuRecord, *, fabric: bool = False) -> Device:
+    """The published device of a full GPU (``fabric``: with ``gpuModuleID``)."""
     details = _details(record)
+    attributes: dict[str, AttributeValue] = {"type": "gpu", "uuid": record.uuid, **_common(record, details)}
+    if fabric and details.module_id:
+        attributes[MODULE_ID_ATTRIBUTE] = details.module_id
     return Device(
         id=record.uuid,
         name=gpu_device_name(record.minor),
         numa_nodes=() if record.numa_node is None else (record.numa_node,),
-        attributes={"type": "gpu", "uuid": record.uuid, **_common(record, details)},
+        attributes=attributes,
         capacity={"memory": binary_quantity(details.memory_bytes)},
     )
 
@@ -178,13 +189,14 @@ def _name(record: GpuRecord) -> str:
     )
 
 
-def device_of(record: GpuRecord) -> Device:
-    """The published device of ``record`` (discovered with ``details=True``).
+def device_of(record: GpuRecord, *, fabric: bool = False) -> Device:
+    """The published device of ``record`` (discovered with ``details=True``; ``fabric``:
+    ``FabricManagerPartitioning`` is on).
 
     Raises:
         ValueError: the record lacks the details, or a value breaks DRA's rules.
     """
-    return gpu_device(record) if record.kind == "gpu" else mig_device(record)
+    return gpu_device(record, fabric=fabric) if record.kind == "gpu" else mig_device(record)
 
 
 def dra_devices(records: Sequence[GpuRecord]) -> list[Device]:

@@ -21,6 +21,11 @@ Prepare creates the GPU instance at the device's placement
 destroys it all again. Unprepare destroys the claim's instances (compute instance first), from
 that file alone. MIG instances that exist when the driver starts are left as they are: a
 placement they hold fails to prepare (NVML's INSUFFICIENT_RESOURCES).
+
+With consumable shares (NVIDIA v0.5.0) a MIG device serves several claims: it is created by the
+first claim that has a share of it, used as it is by the others, and destroyed when its last
+claim goes (the plugin's ``release_device``); its state file is then the device's,
+``<plugin dir>/dynamic-mig/device-<name>.json``.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ __all__ = [
     "destroys_mig_devices",
     "dynamic_mig",
     "dynamic_mig_enabled",
+    "shared_key",
 ]
 
 log = structlog.get_logger("devplug_nvidia.dra_dynamic")
@@ -252,6 +258,9 @@ class DynamicMig:
         """
         done = self._read(claim_uid)
         made = {c.device: c for c in done if c.compute_instance is not None}
+        if all(name in made for name in names):
+            # All there (a repeated prepare, or a device shared by claims): nothing to undo.
+            return {name: self._record(self.slots[name], made[name]) for name in names}
         try:
             with self.source.open() as nvml:
                 for name in names:
@@ -469,18 +478,27 @@ def _mig_uuid(nvml: Nvml, handle: Any, gi: int, ci: int) -> str | None:
 # -- the plugin's hooks, wrapped -----------------------------------------------------------------
 
 
+def shared_key(name: str) -> str:
+    """The state file key of dynamic MIG device ``name`` shared by claims (consumable shares)."""
+    return f"device-{name}"
+
+
 def creates_mig_devices(prepare: P) -> P:
     """Wrap a plugin's ``prepare_claim``: the claim's dynamic MIG devices are created first
-    (their records handed to the plugin's ``_by_name``), and destroyed again if the rest fails."""
+    (their records handed to the plugin's ``_by_name``), and destroyed again if the rest fails.
+    With consumable shares (the plugin's ``consumable_shares`` set) a device is created once for
+    all its claims, and destroyed on failure only if no other claim has a share of it."""
 
     inner = cast("Any", prepare)
 
     @functools.wraps(inner)
     async def wrapper(self: Any, claim: Claim, devices: Sequence[AllocatedDevice], config: Any) -> Any:
         dynamic: DynamicMig | None = getattr(self, "dynamic_mig", None)
-        names = [d.name for d in devices if dynamic is not None and dynamic.owns(d.name)]
+        names = list(dict.fromkeys(d.name for d in devices if dynamic is not None and dynamic.owns(d.name)))
         if dynamic is None or not names:
             return await inner(self, claim, devices, config)
+        if getattr(self, "consumable_shares", None) is not None:
+            return await _shared(self, inner, claim, devices, config, dynamic=dynamic, names=names)
         records = await anyio.to_thread.run_sync(dynamic.create, claim.uid, names)
         self._by_name.update(records)
         try:
@@ -491,6 +509,34 @@ def creates_mig_devices(prepare: P) -> P:
             raise
 
     return cast("P", wrapper)
+
+
+async def _shared(
+    plugin: Any,
+    inner: Any,
+    claim: Claim,
+    devices: Sequence[AllocatedDevice],
+    config: Any,
+    *,
+    dynamic: DynamicMig,
+    names: Sequence[str],
+) -> Any:
+    """``creates_mig_devices`` for devices shared by claims: each created under its own key."""
+    alone = [n for n in names if not any(d.other_shares for d in devices if d.name == n)]
+    made: list[str] = []
+    try:
+        for name in names:
+            records = await anyio.to_thread.run_sync(dynamic.create, shared_key(name), [name])
+            made.append(name)
+            plugin._by_name.update(records)
+        return await inner(plugin, claim, devices, config)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            for name in alone:
+                if name in made:
+                    with contextlib.suppress(DynamicMigError):
+                        await anyio.to_thread.run_sync(dynamic.destroy, shared_key(name))
+        raise
 
 
 def destroys_mig_devices(unprepare: U) -> U:

@@ -13,6 +13,12 @@ Per group of a claim's devices (the devices one config applies to):
 
 What was done for a claim is kept in ``<plugin dir>/sharing/<claim UID>.json`` (only for claims
 that share), so that an unprepare after a restart undoes it.
+
+With consumable shares (NVIDIA v0.5.0), a GPU serves several claims: MPS is refused (``MPS
+sharing is not supported when consumable shares is enabled``), and a GPU's time slice is reset
+only when its last claim goes (:meth:`SharingManager.release_gpu`, from the plugin's
+``release_device``), as NVIDIA skips the reset while other claims use the GPU; a file
+``<plugin dir>/sharing/time-slice-<GPU UUID>`` marks a time slice set for such a GPU.
 """
 
 from __future__ import annotations
@@ -118,6 +124,7 @@ class SharingManager(MpsDaemons):
         library: the NVML library under the driver root, preloaded by ``nvidia-smi`` as NVIDIA
             does (None: the system's).
         plugin_dir: the driver's directory (``mps/`` and ``sharing/`` go there).
+        consumable: consumable shares are on (GPUs are shared by claims).
     """
 
     def __init__(
@@ -128,11 +135,13 @@ class SharingManager(MpsDaemons):
         driver_root: Path,
         library: Path | None,
         plugin_dir: Path,
+        consumable: bool = False,
     ) -> None:
         super().__init__(open_nvml=open_nvml, driver_root=driver_root, library=library)
         self.gates = gates
         self.mps_dir = plugin_dir / "mps"
         self.state_dir = plugin_dir / "sharing"
+        self.consumable = consumable
 
     # -- prepare ---------------------------------------------------------------------------------
 
@@ -183,8 +192,11 @@ class SharingManager(MpsDaemons):
             assert sharing.time_slicing_config is not None  # normalized
             interval = INTERVALS[sharing.time_slicing_config.interval or "Default"]
             uuids = group.gpu_uuids
-            done.time_sliced += uuids
-            self._save(claim_uid, done)
+            if self.consumable:
+                self._mark_time_sliced(uuids)  # reset when the GPU's last claim goes
+            else:
+                done.time_sliced += uuids
+                self._save(claim_uid, done)
             try:
                 self.set_time_slice(uuids, interval)
             except SharingError as exc:
@@ -192,6 +204,8 @@ class SharingManager(MpsDaemons):
             log.info("time_slice_set", claim_uid=claim_uid, gpus=uuids, interval=interval)
             return {}
         if self.gates.get(MPS_SUPPORT) and sharing.strategy == MPS:
+            if self.consumable:
+                raise SharingError("MPS sharing is not supported when consumable shares is enabled")
             if isinstance(sharing, GpuSharing) and sharing.time_slicing_config is not None:
                 raise SharingError(
                     f"error getting MPS configuration: cannot use TimeSlicingConfig with the '{MPS}' strategy"
@@ -258,6 +272,32 @@ class SharingManager(MpsDaemons):
             except SharingError as exc:
                 raise SharingError(f"error setting timeslice for devices: {exc}") from None
 
+    def release_gpu(self, uuid: str) -> None:
+        """The GPU's last claim is gone (consumable shares): reset its time slice if a claim set
+        one (nothing otherwise; idempotent).
+
+        Raises:
+            SharingError: the time slice could not be reset; the mark is kept for the next try.
+        """
+        marker = self._time_slice_marker(uuid)
+        if not marker.exists():
+            return
+        try:
+            self.set_time_slice([uuid], INTERVALS["Default"])
+        except NotSupportedError:
+            log.warning("time_slice_reset_not_supported", gpus=[uuid])
+        except SharingError as exc:
+            raise SharingError(f"error setting timeslice for devices: {exc}") from None
+        marker.unlink(missing_ok=True)
+
+    def _mark_time_sliced(self, uuids: Sequence[str]) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        for uuid in uuids:
+            self._time_slice_marker(uuid).touch()
+
+    def _time_slice_marker(self, uuid: str) -> Path:
+        return self.state_dir / f"time-slice-{uuid}"
+
     # -- helpers ---------------------------------------------------------------------------------
 
     def _state_file(self, claim_uid: str) -> Path:
@@ -300,6 +340,7 @@ def sharing_manager(config: NvidiaSettings, source: NvmlSource, plugin_dir: Path
         driver_root=Path(driver_view(config)),
         library=library,
         plugin_dir=plugin_dir,
+        consumable=config.shares is not None,
     )
 
 

@@ -31,6 +31,9 @@ class GpuDetails:
     """``ATS``, ``HMM`` or ``None``; None when NVML cannot tell."""
     pcie_root: str | None = None
     """The PCIe root complex from sysfs (``pci0000:3a``), when it resolves."""
+    module_id: int | None = None
+    """``nvmlDeviceGetModuleId``: the GPU's module (its slot on an HGX board, the ID Fabric
+    Manager knows it by); None when NVML cannot tell."""
 
 
 @dataclass(frozen=True)

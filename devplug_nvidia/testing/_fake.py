@@ -146,6 +146,13 @@ class FakeNvml(MigApi, EventsApi):
             raise C.NVMLError_NotSupported()
         return AddressingMode(spec.addressing_mode)
 
+    @api
+    def nvmlDeviceGetModuleId(self, handle: object) -> int:
+        spec = self._gpu(handle).spec
+        if spec.module_id is None:
+            raise C.NVMLError_NotSupported()
+        return spec.module_id
+
     # -- topology and NVLink -----------------------------------------------------------------------
 
     @api

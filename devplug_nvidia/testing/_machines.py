@@ -35,7 +35,8 @@ def _gpus(
     """A model's GPUs, alike but for where they sit: ``gpu`` at each PCI bus of ``buses``.
 
     ``gpu``'s own ``bus_id`` is left empty. ``numa`` and ``nvlinks`` give each GPU's NUMA node and
-    links in the order of ``buses``; without them every GPU keeps ``gpu``'s.
+    links in the order of ``buses``; without them every GPU keeps ``gpu``'s. A ``gpu`` with a
+    module ID makes the GPUs modules 1, 2, ... in that order (an HGX board's slots).
     """
     return tuple(
         replace(
@@ -43,6 +44,7 @@ def _gpus(
             bus_id=_bus(bus),
             numa_node=gpu.numa_node if numa is None else numa[index],
             nvlinks=gpu.nvlinks if nvlinks is None else nvlinks[index],
+            module_id=None if gpu.module_id is None else index + 1,
         )
         for index, bus in enumerate(buses)
     )
@@ -80,6 +82,7 @@ DGX_A100 = MachineModel(
             nvlinks=_switch_links(_DGXA100_SWITCHES, (2, 2, 2, 2, 2, 2)),
             mig_capable=True,
             gi_profiles=A100_40GB_PROFILES,
+            module_id=1,
         ),
         _DGXA100_BUS,
         numa=_DGXA100_NUMA,
@@ -101,6 +104,7 @@ DGX_H100 = MachineModel(
             bus_id="",
             nvlinks=_switch_links(_DGXH100_SWITCHES, (5, 4, 4, 5)),
             mig_capable=True,
+            module_id=1,
         ),
         (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF),
         numa=(0, 0, 0, 0, 1, 1, 1, 1),

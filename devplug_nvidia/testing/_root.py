@@ -1,6 +1,7 @@
 """Writes the files a fake machine's host would have under one root directory.
 
-``<root>/proc/driver/nvidia-caps/mig-minors``, the MIG capability files of the instances that
+``<root>/proc/driver/nvidia-caps/mig-minors``, the NVSwitches in
+``<root>/proc/driver/nvidia-nvswitch/devices/<bus>``, the MIG capability files of the instances that
 exist (``<root>/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>[/ci<C>]/access``) with the
 ``nvidia-caps`` major in ``<root>/proc/devices``, ``<root>/sys/bus/pci/devices/<bus>/{numa_node,class}``,
 ``<root>/sys/class/dmi/id/product_name`` (the model's name), ``<root>/dev/nvidia*`` stand-ins
@@ -80,6 +81,11 @@ def write_root(model: MachineModel, root: str | os.PathLike[str]) -> Path:
     caps = base / "proc" / "driver" / "nvidia-caps"
     caps.mkdir(parents=True, exist_ok=True)
     (caps / "mig-minors").write_text(mig_minors_text(len(model.gpus)))
+    if model.switch_bus_ids:
+        switches = base / "proc" / "driver" / "nvidia-nvswitch" / "devices"
+        switches.mkdir(parents=True, exist_ok=True)
+        for bus in model.switch_bus_ids:
+            (switches / normalize_pci_bus_id(bus)).write_text(f"Bus: {normalize_pci_bus_id(bus)}\n")
     for spec in model.gpus:
         device = base / "sys" / "bus" / "pci" / "devices" / normalize_pci_bus_id(spec.bus_id)
         device.mkdir(parents=True, exist_ok=True)

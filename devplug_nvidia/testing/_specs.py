@@ -98,6 +98,9 @@ class GpuSpec:
     addressing_mode: int | None = None
     """``nvmlDeviceGetAddressingMode``: an ``NVML_DEVICE_ADDRESSING_MODE_*`` value; None:
     NOT_SUPPORTED (drivers before 570, and most PCIe systems)."""
+    module_id: int | None = None
+    """``nvmlDeviceGetModuleId``: the GPU's module on an HGX board (1 to 8, the ID Fabric Manager
+    knows it by); None: NOT_SUPPORTED."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,8 @@ class MachineModel:
     cuda_driver_version: int = 12040
     description: str = ""
     switch_bus_ids: tuple[str, ...] = field(default=())
+    """The NVSwitches' bus IDs: the root lists them in ``/proc/driver/nvidia-nvswitch/devices``,
+    as the NVSwitch driver does on a host whose fabric Fabric Manager runs."""
 
     def gpu_uuid(self, index: int) -> str:
         """The stable ``GPU-...`` UUID of GPU ``index``."""
