@@ -76,9 +76,10 @@ def test_the_author_guide_plugin_and_its_tests_pass(fpga_project: Path) -> None:
     (fpga_project / "test_fpga.py").write_text(tests[0].text)
     # The conformance block starts fpga.py as a process, with the guide's own --pattern option.
     (fpga_project / "test_conformance.py").write_text(conformance.text)
-    # Test files the guide names (``# test_fpga_dra.py``): the DRA driver's tests.
-    named = [b for b in AUTHOR if b.file_name and b.file_name.startswith("test_")]
-    assert {b.file_name for b in named} >= {"test_fpga_dra.py", "test_dra_conformance.py"}
+    # Files the guide names (``# test_fpga_dra.py``, ``# fpga_attacher.py``): the DRA driver's
+    # tests, and the modules they import.
+    named = [b for b in AUTHOR if b.file_name and b.file_name != "fpga.py"]
+    assert {b.file_name for b in named} >= {"test_fpga_dra.py", "test_dra_conformance.py", "fpga_attacher.py"}
     for block in named:
         assert not (fpga_project / str(block.file_name)).exists(), f"{block}: a second {block.file_name}"
         (fpga_project / str(block.file_name)).write_text(block.text)
@@ -92,7 +93,7 @@ def test_the_author_guide_plugin_and_its_tests_pass(fpga_project: Path) -> None:
         env=environment(),
     )
     assert result.returncode == 0, result.stdout[-3000:]
-    assert "6 passed" in result.stdout
+    assert "7 passed" in result.stdout
 
 
 def command_lines() -> list[tuple[Block, str]]:
