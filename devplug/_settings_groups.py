@@ -208,6 +208,10 @@ class DraGroup(SettingsGroup):
     """api=dra: this pod's UID (default: the POD_UID environment variable); when set, the
     sockets carry it, so an old and a new pod of a rolling update serve side by side."""
 
+    list_attributes: bool = False
+    """api=dra: publish list-valued attributes (KEP-5491, alpha: the API server and scheduler
+    need the DRAListTypeAttributes feature), and resource.kubernetes.io/numaNode as the list of
+    a device's NUMA nodes; off: list attributes are left out, numaNode is the first node."""
     device_metadata: bool = False
     """api=dra: per prepared claim and request, write the devices' attributes as a metadata file
     and a CDI spec mounting it in the containers at

@@ -111,9 +111,22 @@ class Version(_Frozen):
         return self.value
 
 
-AttributeValue = bool | int | str | Version
+AttributeValue = (
+    bool | int | str | Version | tuple[bool, ...] | tuple[int, ...] | tuple[str, ...] | tuple[Version, ...]
+)
 """A DRA device attribute: a boolean, an integer, a string (at most 64 characters) or a
-:class:`Version`. Written in CEL as ``device.attributes["<driver>"].<name>``."""
+:class:`Version`; or a non-empty list of one of them (KEP-5491, published only where the driver
+opts in with ``list_attributes``). Written in CEL as ``device.attributes["<driver>"].<name>``."""
+# A device's attribute values together (a list counts each of its values): the API's limit.
+MAX_ATTRIBUTE_VALUES = 48
+
+
+def _lists_as_tuples(attributes: Any) -> Any:
+    """Attribute lists as tuples, so that each matches its own member of the union strictly
+    (``[0, 1]`` stays integers, never booleans)."""
+    if not isinstance(attributes, dict):
+        return attributes
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in attributes.items()}
 
 
 def check_attribute_name(name: str) -> str:
@@ -385,7 +398,9 @@ class Device(_Frozen):
     reason. The device-plugin API has no place for it."""
     numa_nodes: tuple[int, ...] = ()
     """The host NUMA nodes the device is attached to; empty for no topology."""
-    attributes: dict[str, AttributeValue] = Field(default_factory=dict)
+    attributes: Annotated[dict[str, AttributeValue], BeforeValidator(_lists_as_tuples)] = Field(
+        default_factory=dict
+    )
     """DRA attributes by name (``model``, ``example.com/firmware``): bool, int, str or Version.
     A name without a domain belongs to the driver's domain."""
     capacity: dict[str, str] = Field(default_factory=dict)
@@ -452,10 +467,21 @@ class Device(_Frozen):
     @field_validator("attributes")
     @classmethod
     def _attributes(cls, attributes: dict[str, AttributeValue]) -> dict[str, AttributeValue]:
+        count = 0
         for name, value in attributes.items():
             check_attribute_name(name)
-            if isinstance(value, str) and len(value) > 64:
+            values = value if isinstance(value, tuple) else (value,)
+            if not values:
+                raise ValueError(f"attribute {name}: a list has at least one value")
+            if len({type(v) for v in values}) > 1:
+                raise ValueError(f"attribute {name}: a list holds values of one type")
+            if any(isinstance(v, str) and len(v) > 64 for v in values):
                 raise ValueError(f"attribute {name}: a string value has at most 64 characters")
+            count += len(values)
+        if count > MAX_ATTRIBUTE_VALUES:
+            raise ValueError(
+                f"a device has at most {MAX_ATTRIBUTE_VALUES} attribute values, lists counted by value"
+            )
         return attributes
 
     @field_validator("capacity", mode="before")

@@ -191,6 +191,7 @@ class DraService:
                 "shares_supported": publisher.shares_supported if publisher else None,
                 "bindings_supported": publisher.bindings_supported if publisher else None,
                 "partition_types_supported": publisher.partition_types_supported if publisher else None,
+                "lists_supported": publisher.lists_supported if publisher else None,
                 "last_error": publisher.last_error if publisher else None,
             },
             "claim_status": {
@@ -238,7 +239,12 @@ class DraService:
         if self.checkpoint.error:
             self._log.error("checkpoint_unusable", error=self.checkpoint.error)
         self.publisher = SlicePublisher(
-            kube, driver=self.driver, node=self.node, inventory=self.inventory, log=self._log
+            kube,
+            driver=self.driver,
+            node=self.node,
+            inventory=self.inventory,
+            log=self._log,
+            list_attributes=self.settings.list_attributes,
         )
         self.status_writer = StatusWriter(kube, self.driver, self._log)
         self._preparer = Preparer(

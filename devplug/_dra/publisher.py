@@ -32,6 +32,7 @@ from devplug._dra.slices import (
     counter_set_entry,
     declared_counter_sets,
     device_entry,
+    list_attributes,
     partition_type_problem,
     plan,
     schedulable,
@@ -57,8 +58,19 @@ SETTLE = 0.01
 class SlicePublisher:
     """Publishes one driver's devices on one node."""
 
-    def __init__(self, kube: Kube, *, driver: str, node: str, inventory: Inventory, log: Any) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        driver: str,
+        node: str,
+        inventory: Inventory,
+        log: Any,
+        list_attributes: bool = False,
+    ) -> None:
         self.kube = kube
+        self.list_attributes = list_attributes
+        """The driver publishes list attributes (its ``list_attributes`` setting)."""
         self.driver = driver
         self.node = node
         self.inventory = inventory
@@ -85,6 +97,11 @@ class SlicePublisher:
         self.partition_types_supported = True
         """False once the API server has dropped ``partitionTypeAttribute``
         (DRAPartitionableDevicesType off, the default in 1.37): slices go without it."""
+        self.lists_supported = True
+        """False once the API server has refused list attributes (DRAListTypeAttributes off, the
+        default through 1.37: it drops the values, and the empty attribute is invalid): they are
+        left out, and ``resource.kubernetes.io/numaNode`` is the first node."""
+        self._lists_noted = False
         self.effect_none_supported = True
         """False once the API server has refused a taint of effect ``None`` (Kubernetes 1.34):
         such taints are left out."""
@@ -223,12 +240,16 @@ class SlicePublisher:
             self.shares_supported,
             self.bindings_supported,
             self.partition_types_supported,
+            self.lists_supported,
         )
         if self._wanted_cache is not None and self._wanted_cache[0] == key:
             return self._wanted_cache[1]
         devices = []
         sets: list[CounterSet] = []
         partition_type = self._partition_type()
+        lists = self.list_attributes and self.lists_supported
+        if not lists:
+            self._note_lists_left_out(snapshot)
         if self.counters_supported:
             sets, conflicts = declared_counter_sets(e.device for e in snapshot.entries)
             for name in conflicts:
@@ -260,6 +281,7 @@ class SlicePublisher:
                         taint_unhealthy=self.taints_supported,
                         effect_none=self.effect_none_supported,
                         shares=self.shares_supported,
+                        lists=lists,
                     )
                 )
             except ValueError as exc:
@@ -335,7 +357,7 @@ class SlicePublisher:
                         self._cache.pop(name, None)
                         self._dirty.bump()
                         return
-                    if self._effect_none_refused(exc, obj):
+                    if self._effect_none_refused(exc, obj) or self._lists_refused(exc, obj):
                         return
                     failures.append(exc)
                     self._failed(exc, verb=verb, obj=f"resourceslices/{name}")
@@ -417,6 +439,46 @@ class SlicePublisher:
             )
             self._mark()
 
+    def _note_lists_left_out(self, snapshot: Snapshot) -> None:
+        """Say once which devices' list attributes are left out (where lists are not published)."""
+        if self._lists_noted:
+            return
+        left = {e.device.id: names for e in snapshot.entries if (names := list_attributes(e.device))}
+        if left:
+            self._lists_noted = True
+            self._log.warning(
+                "list_attributes_left_out",
+                devices=left,
+                note="list-valued attributes are published only with list_attributes on (an API "
+                "server and scheduler with the DRAListTypeAttributes feature, alpha)"
+                if self.lists_supported
+                else "the API server refused list attributes (DRAListTypeAttributes off)",
+            )
+
+    def _lists_refused(self, exc: KubeError, sent: dict[str, Any]) -> bool:
+        """Whether ``exc`` is a server without list attributes refusing them (it drops the
+        values, then finds the attribute empty): they are left out from now on."""
+        text = str(exc)
+        if exc.status != 422 or not self.lists_supported or "attributes" not in text:
+            return False
+        if "one of" not in text and "exactly one value" not in text:
+            return False
+        devices = sent.get("spec", {}).get("devices") or ()
+        if not any(_is_list(a) for d in devices for a in (d.get("attributes") or {}).values()):
+            return False
+        self.lists_supported = False
+        self._lists_noted = False
+        self._log.error(
+            "list_attributes_refused",
+            error=str(exc),
+            note="the API server drops list-valued attributes (DRAListTypeAttributes off): they "
+            "are left out, and resource.kubernetes.io/numaNode is the first NUMA node; enable the "
+            "feature on the API server and scheduler and restart the driver, or turn "
+            "list_attributes off",
+        )
+        self._mark()
+        return True
+
     def _effect_none_refused(self, exc: KubeError, sent: dict[str, Any]) -> bool:
         """Whether ``exc`` is a server older than 1.35 refusing taint effect ``None`` (then such
         taints are left out from now on, and the pool is planned again)."""
@@ -446,6 +508,10 @@ class SlicePublisher:
         self.errors[exc.status_label] += 1
         self.last_error = f"{verb} {obj}: {exc.status_label} {exc}"
         self._log.warning("api_error", verb=verb, object=obj, status=exc.status_label, error=str(exc))
+
+
+def _is_list(attribute: Any) -> bool:
+    return isinstance(attribute, dict) and not {"bools", "ints", "strings", "versions"}.isdisjoint(attribute)
 
 
 def _dropped(key: str, sent: dict[str, Any], stored: dict[str, Any]) -> bool:

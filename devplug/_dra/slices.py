@@ -27,14 +27,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from devplug.models import MAX_ATTRIBUTES, Version
+from devplug.models import MAX_ATTRIBUTE_VALUES, MAX_ATTRIBUTES, Version
 from devplug.topology import NUMA_NODE_ATTRIBUTE
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
     from devplug._dra.inventory import Entry
-    from devplug.models import CounterSet, Device
+    from devplug.models import AttributeValue, CounterSet, Device
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128
@@ -48,8 +48,16 @@ RESOURCE_ATTRIBUTE = "resourceName"
 UNHEALTHY_TAINT = "unhealthy"
 
 
-def attribute(value: bool | int | str | Version) -> dict[str, Any]:
-    """One attribute value in the API's shape: exactly one of bool, int, string, version."""
+_LIST_FIELDS = {bool: "bools", int: "ints", str: "strings", Version: "versions"}
+_LIST_KEYS = frozenset(_LIST_FIELDS.values())
+
+
+def attribute(value: AttributeValue) -> dict[str, Any]:
+    """One attribute value in the API's shape: exactly one of bool, int, string, version, or a
+    list of one of them (bools, ints, strings, versions)."""
+    if isinstance(value, tuple):
+        field = _LIST_FIELDS[type(value[0])]
+        return {field: [v.value if isinstance(v, Version) else v for v in value]}
     if isinstance(value, bool):
         return {"bool": value}
     if isinstance(value, int):
@@ -60,7 +68,13 @@ def attribute(value: bool | int | str | Version) -> dict[str, Any]:
 
 
 def device_entry(
-    entry: Entry, driver: str, *, taint_unhealthy: bool, effect_none: bool = True, shares: bool = True
+    entry: Entry,
+    driver: str,
+    *,
+    taint_unhealthy: bool,
+    effect_none: bool = True,
+    shares: bool = True,
+    lists: bool = False,
 ) -> dict[str, Any]:
     """The ResourceSlice device for one inventory entry.
 
@@ -71,24 +85,17 @@ def device_entry(
     False (a server older than 1.35, which refuses the effect): taints of effect ``None`` are
     left out. ``shares`` False (a server without consumable capacity, which drops it): a shared
     device is published as an ordinary one, without ``allowMultipleAllocations`` and request
-    policies.
+    policies. ``lists`` (the driver's ``list_attributes``, where the server keeps them): list
+    attributes are published, and ``resource.kubernetes.io/numaNode`` lists every NUMA node of
+    the device; otherwise list attributes are left out (:func:`list_attributes` names them) and
+    ``numaNode`` is the first node.
 
     Raises:
-        ValueError: the device's attributes and capacities pass the API's limit of 32.
+        ValueError: the device's attributes and capacities pass the API's limit of 32, or their
+            values its limit of 48.
     """
     device = entry.device
-    attributes: dict[str, Any] = {}
-    if entry.plugin.dra_standard_attributes:
-        attributes[ID_ATTRIBUTE] = {"string": device.id}
-        attributes[RESOURCE_ATTRIBUTE] = {"string": entry.resource}
-        if device.numa_nodes:
-            attributes[NUMA_ATTRIBUTE] = {"int": device.numa_nodes[0]}
-    if device.numa_nodes:
-        # Kubernetes' own name, whatever the driver's attribute set: selectors and alignment
-        # across drivers use it (a device's attribute of that name wins).
-        attributes[NUMA_NODE_ATTRIBUTE] = {"int": device.numa_nodes[0]}
-    added = [name for name in attributes if name not in device.attributes]
-    attributes.update((name, attribute(value)) for name, value in device.attributes.items())
+    attributes, added = _attributes(entry, lists)
     if len(attributes) + len(device.capacity) > MAX_ATTRIBUTES:
         with_ours = f" (with {', '.join(added)})" if added else ""
         raise ValueError(
@@ -117,6 +124,47 @@ def device_entry(
         if taints:
             out["taints"] = taints
     return out
+
+
+def _attributes(entry: Entry, lists: bool) -> tuple[dict[str, Any], list[str]]:
+    """The device's attributes in the API's shape, devplug's own added, and the names added.
+
+    Raises:
+        ValueError: their values pass the API's limit of 48.
+    """
+    device = entry.device
+    attributes: dict[str, Any] = {}
+    if entry.plugin.dra_standard_attributes:
+        attributes[ID_ATTRIBUTE] = {"string": device.id}
+        attributes[RESOURCE_ATTRIBUTE] = {"string": entry.resource}
+        if device.numa_nodes:
+            attributes[NUMA_ATTRIBUTE] = {"int": device.numa_nodes[0]}
+    if device.numa_nodes:
+        # Kubernetes' own name, whatever the driver's attribute set: selectors and alignment
+        # across drivers use it (a device's attribute of that name wins).
+        numa = {"ints": list(device.numa_nodes)} if lists else {"int": device.numa_nodes[0]}
+        attributes[NUMA_NODE_ATTRIBUTE] = numa
+    added = [name for name in attributes if name not in device.attributes]
+    attributes.update(
+        (name, attribute(value))
+        for name, value in device.attributes.items()
+        if lists or not isinstance(value, tuple)
+    )
+    values = sum(len(next(iter(v.values()))) if _is_list(v) else 1 for v in attributes.values())
+    if values > MAX_ATTRIBUTE_VALUES:
+        raise ValueError(
+            f"device {device.id}: {values} attribute values pass the limit of {MAX_ATTRIBUTE_VALUES}"
+        )
+    return attributes, added
+
+
+def _is_list(value: dict[str, Any]) -> bool:
+    return not _LIST_KEYS.isdisjoint(value)
+
+
+def list_attributes(device: Device) -> list[str]:
+    """The names of ``device``'s list attributes (left out where lists are not published)."""
+    return [name for name, value in device.attributes.items() if isinstance(value, tuple)]
 
 
 def _capacity(device: Device, name: str, shares: bool) -> dict[str, Any]:

@@ -135,3 +135,44 @@ async def test_a_partition_without_its_type_is_not_published(short_dir: Path) ->
         problems = [e for e in logs if e["event"] == "device_not_published"]
         assert problems[0]["device"] == "untyped"
         assert "has no attribute profile" in problems[0]["error"]
+
+
+LISTED = Device(id="listed", numa_nodes=(0, 1), attributes={"links": (2, 3), "model": "w"})
+
+
+@pytest.mark.parametrize("gate", [False, True])
+async def test_list_attributes_are_published_where_the_server_takes_them(short_dir: Path, gate: bool) -> None:
+    """list_attributes on: lists, and numaNode listing every node, where DRAListTypeAttributes is
+    on; a server without it drops the values and refuses the empty attribute, so the driver
+    leaves them out, says so once, and publishes numaNode as the first node."""
+    async with FakeKubeAPI(list_type_attributes=gate) as api:
+        api.add_node(NODE)
+        with capture_logs() as logs:
+            async with driving(
+                [Widgets(devices=[LISTED, PLAIN])], api, short_dir, list_attributes=True
+            ) as driver:
+                await wait_until(lambda: sorted(devices(api)) == ["listed", "plain"])
+                assert driver.debug_state()["slices"]["lists_supported"] is gate
+                attributes = devices(api)["listed"]["attributes"]
+                assert await quiet(api, driver) == 0
+        if gate:
+            assert attributes["links"] == {"ints": [2, 3]}
+            assert attributes["resource.kubernetes.io/numaNode"] == {"ints": [0, 1]}
+        else:
+            assert "links" not in attributes
+            assert attributes["resource.kubernetes.io/numaNode"] == {"int": 0}
+            assert [e["event"] for e in logs].count("list_attributes_refused") == 1
+        assert attributes["model"] == {"string": "w"}
+
+
+async def test_without_list_attributes_lists_are_left_out_and_said_so(short_dir: Path) -> None:
+    async with FakeKubeAPI(list_type_attributes=True) as api:
+        api.add_node(NODE)
+        with capture_logs() as logs:
+            async with driving([Widgets(devices=[LISTED])], api, short_dir):
+                await wait_until(lambda: sorted(devices(api)) == ["listed"])
+        attributes = devices(api)["listed"]["attributes"]
+        assert "links" not in attributes
+        assert attributes["resource.kubernetes.io/numaNode"] == {"int": 0}
+        (note,) = [e for e in logs if e["event"] == "list_attributes_left_out"]
+        assert note["devices"] == {"listed": ["links"]}

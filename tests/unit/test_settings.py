@@ -249,6 +249,7 @@ INTERFACE: list[tuple[str, str, str, object, str, object]] = [
     ("node_name", "--node-name", "DEVPLUG_NODE_NAME", None, "node-a", "node-a"),
     ("kubeconfig", "--kubeconfig", "DEVPLUG_KUBECONFIG", None, "/kc", Path("/kc")),
     ("pod_uid", "--pod-uid", "DEVPLUG_POD_UID", None, "uid-1", "uid-1"),
+    ("list_attributes", "--list-attributes", "DEVPLUG_LIST_ATTRIBUTES", False, "true", True),
     ("device_metadata", "--device-metadata", "DEVPLUG_DEVICE_METADATA", False, "true", True),
     (
         "device_metadata_versions",

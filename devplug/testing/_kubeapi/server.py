@@ -84,8 +84,8 @@ class FakeKubeAPI(KubeAPIHelpers):
     from a future resourceVersion waits instead of failing; the 64-device limit's message is an
     approximation; only ResourceSlices, ResourceClaims and Nodes are served (no DeviceClasses,
     Pods but that empty list, or other kinds: 404); alpha fields other than list
-    attributes and ``partitionTypeAttribute`` (dropped) are kept; the ``spec.pool.name`` field
-    selector (1.37) is served;
+    attributes and ``partitionTypeAttribute`` (dropped unless their gates are on) are kept;
+    the ``spec.pool.name`` field selector (1.37) is served;
     ResourceClaims are validated for metadata, spec immutability and status rules only;
     :meth:`allocate_claim` evaluates no CEL selectors or device classes (it does honour taints,
     other claims' devices, shared counters and consumable capacity, as the scheduler does:
@@ -96,8 +96,8 @@ class FakeKubeAPI(KubeAPIHelpers):
     ``consumable_capacity`` (its fields validated as the API server does: ``requestPolicy`` only
     with ``allowMultipleAllocations``, its ``validValues`` or ``validRange`` with a valid
     ``default``), DRADeviceBindingConditions ``binding_conditions``, all on;
-    DRAPartitionableDevicesType ``partitionable_devices_type`` and DRAFractionalCapacityRange
-    off.
+    DRAPartitionableDevicesType ``partitionable_devices_type``, DRAListTypeAttributes
+    ``list_type_attributes`` and DRAFractionalCapacityRange off.
 
     Attributes:
         requests: every answered request as a :class:`RecordedRequest`.
@@ -115,6 +115,7 @@ class FakeKubeAPI(KubeAPIHelpers):
         consumable_capacity: bool = True,
         binding_conditions: bool = True,
         partitionable_devices_type: bool = False,
+        list_type_attributes: bool = False,
         event_history: int = 1000,
         user: str = "system:serviceaccount:kube-system:dra-driver",
         port: int = 0,
@@ -140,6 +141,9 @@ class FakeKubeAPI(KubeAPIHelpers):
                 ``bindingFailureConditions`` and ``bindsToNode``.
             partitionable_devices_type: the DRAPartitionableDevicesType feature gate (alpha in
                 1.37, off by default); when off, slices lose ``partitionTypeAttribute``.
+            list_type_attributes: the DRAListTypeAttributes feature gate (alpha in 1.36 and
+                1.37, off by default); when off, attributes lose their list values (and an
+                attribute left without a value is refused).
             event_history: how many writes a watch can replay (older resourceVersions: 410).
             user: the user named in injected 403 answers.
             port: the port of 127.0.0.1 to listen on; 0 (the default) takes a free one. A
@@ -155,6 +159,7 @@ class FakeKubeAPI(KubeAPIHelpers):
                 consumable_capacity=consumable_capacity,
                 binding_conditions=binding_conditions,
                 partitionable_devices_type=partitionable_devices_type,
+                list_type_attributes=list_type_attributes,
             ),
         )
         self._server = HTTPServer(self._handle)

@@ -37,6 +37,8 @@ class Gates:
     ``bindsToNode``."""
     partitionable_devices_type: bool = False
     """DRAPartitionableDevicesType (alpha in 1.37, off): a slice's ``partitionTypeAttribute``."""
+    list_type_attributes: bool = False
+    """DRAListTypeAttributes (alpha in 1.36 and 1.37, off): list-valued attributes."""
 
 
 # Alpha list-valued attributes (DRAListTypeAttributes, 1.36): off by default, so dropped.
@@ -242,21 +244,35 @@ def drop_disabled_fields(
     if not gates.binding_conditions and not _binding_in_use(old):
         dropped += BINDING_DEVICE_FIELDS
     drop_consumable = not gates.consumable_capacity and not consumable_capacity_in_use(old)
+    drop_lists = not gates.list_type_attributes and not _lists_in_use(old)
     for device in spec.get("devices") or []:
         if isinstance(device, dict):
-            _drop_from_device(device, dropped, consumable=drop_consumable)
+            _drop_from_device(device, dropped, consumable=drop_consumable, lists=drop_lists)
 
 
-def _drop_from_device(device: dict[str, Any], dropped: list[str], *, consumable: bool) -> None:
-    """Drop ``dropped`` fields, the consumable-capacity ones if ``consumable``, and list values."""
+def _drop_from_device(device: dict[str, Any], dropped: list[str], *, consumable: bool, lists: bool) -> None:
+    """Drop ``dropped`` fields, the consumable-capacity ones if ``consumable``, list values if
+    ``lists`` (the attribute stays, empty: validation then refuses it, as the API server does)."""
     for key in dropped:
         device.pop(key, None)
     if consumable:
         _drop_consumable(device)
-    for attribute in (device.get("attributes") or {}).values():
-        if isinstance(attribute, dict):
-            for key in LIST_ATTRIBUTE_FIELDS:
-                attribute.pop(key, None)
+    if lists:
+        for attribute in (device.get("attributes") or {}).values():
+            if isinstance(attribute, dict):
+                for key in LIST_ATTRIBUTE_FIELDS:
+                    attribute.pop(key, None)
+
+
+def _lists_in_use(obj: dict[str, Any] | None) -> bool:
+    """Whether a stored slice has a list-valued attribute."""
+    devices = ((obj or {}).get("spec") or {}).get("devices") or []
+    return any(
+        isinstance(a, dict) and any(a.get(k) is not None for k in LIST_ATTRIBUTE_FIELDS)
+        for d in devices
+        if isinstance(d, dict)
+        for a in (d.get("attributes") or {}).values()
+    )
 
 
 def _drop_consumable(device: dict[str, Any]) -> None:

@@ -353,20 +353,27 @@ _ATTRIBUTE_TYPES = "`int`, `bool`, `string`, `version`, `ints`, `bools`, `string
 
 
 def _attribute(attribute: dict[str, Any], path: str) -> list[FieldError]:
-    """validateDeviceAttribute: exactly one of int, bool, string (<= 64), version (semver, <= 64)."""
+    """validateDeviceAttribute: exactly one of int, bool, string (<= 64), version (semver, <= 64),
+    or (DRAListTypeAttributes) a non-empty list of one of them: ints, bools, strings, versions."""
     errors: list[FieldError] = []
-    present = [k for k in ("int", "bool", "string", "version") if attribute.get(k) is not None]
-    string = attribute.get("string")
-    if isinstance(string, str) and len(string) > MAX_ATTRIBUTE_VALUE_LENGTH:
-        errors.append(too_long(f"{path}.string", MAX_ATTRIBUTE_VALUE_LENGTH))
-    version = attribute.get("version")
-    if isinstance(version, str):
-        if not is_semver(version):
-            errors.append(
-                invalid(f"{path}.version", version, "must be a string compatible with semver.org spec 2.0.0")
-            )
-        if len(version) > MAX_ATTRIBUTE_VALUE_LENGTH:
-            errors.append(too_long(f"{path}.version", MAX_ATTRIBUTE_VALUE_LENGTH))
+    kinds = ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
+    present = [k for k in kinds if attribute.get(k) is not None]
+    strings = [(f"{path}.string", attribute.get("string"))]
+    strings += [(f"{path}.strings[{i}]", v) for i, v in enumerate(attribute.get("strings") or [])]
+    for at, string in strings:
+        if isinstance(string, str) and len(string) > MAX_ATTRIBUTE_VALUE_LENGTH:
+            errors.append(too_long(at, MAX_ATTRIBUTE_VALUE_LENGTH))
+    versions = [(f"{path}.version", attribute.get("version"))]
+    versions += [(f"{path}.versions[{i}]", v) for i, v in enumerate(attribute.get("versions") or [])]
+    for at, version in versions:
+        if isinstance(version, str):
+            if not is_semver(version):
+                errors.append(invalid(at, version, "must be a string compatible with semver.org spec 2.0.0"))
+            if len(version) > MAX_ATTRIBUTE_VALUE_LENGTH:
+                errors.append(too_long(at, MAX_ATTRIBUTE_VALUE_LENGTH))
+    for key in ("ints", "bools", "strings", "versions"):
+        if attribute.get(key) == []:
+            errors.append(invalid(f"{path}.{key}", [], "must not be empty if specified"))
     if not present:
         errors.append(invalid(path, "", f"must specify one of: {_ATTRIBUTE_TYPES}"))
     elif len(present) > 1:
