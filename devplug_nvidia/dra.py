@@ -30,7 +30,7 @@ from devplug._text import os_error_text
 from devplug.errors import ConfigError, DevplugError, config_error_in
 from devplug.models import CdiSpecFile, ContainerAllocation, PreparedDevice
 from devplug.plugin import DevicePlugin
-from devplug_nvidia._config._feature_gates import FABRIC_MANAGER_PARTITIONING
+from devplug_nvidia._config._feature_gates import DRA_LIST_TYPE_ATTRIBUTES, FABRIC_MANAGER_PARTITIONING
 from devplug_nvidia._container._allocate import CONTROL_NODES, build_allocation, present_nodes
 from devplug_nvidia._dra._cdi import build_claim_spec, claim_device_id, claim_spec_file, spec_yaml
 from devplug_nvidia._dra._devices import DRIVER_NAME, announced, device_of
@@ -86,6 +86,9 @@ class NvidiaDraPlugin(DevicePlugin):
     resource_name = GPU_RESOURCE
     settings_class = NvidiaSettings
     dra_standard_attributes = False
+    # Dynamic MIG devices (the only ones that consume counters) carry their profile: the slices'
+    # partitionTypeAttribute (1.37, alpha) where the API server keeps it.
+    dra_partition_type_attribute = "profile"
     nvml_source: NvmlSource | None = None
     """Where NVML comes from (set by :meth:`discover`; None: from the settings)."""
 
@@ -370,11 +373,22 @@ class NvidiaDraPlugin(DevicePlugin):
             await anyio.to_thread.run_sync(self.sharing.release_gpu, record.uuid)
 
 
+def serving_settings(settings: NvidiaSettings) -> NvidiaSettings:
+    """``settings`` as the driver serves them: NVIDIA's driver name unless one is given, and
+    with the gate ``DRAListTypeAttributes`` devplug's list attributes (NVIDIA then publishes
+    ``resource.kubernetes.io/numaNode`` as a list)."""
+    update: dict[str, object] = {}
+    if settings.driver_name is None:
+        update["driver_name"] = DRIVER_NAME
+    if settings.gates[DRA_LIST_TYPE_ATTRIBUTES]:
+        update["list_attributes"] = True
+    return settings.model_copy(update=update) if update else settings
+
+
 def run_dra(settings: NvidiaSettings, prog: str, *, started: Callable[[], object] | None = None) -> int:
     """``devplug-nvidia --api dra``: discovery, then serve until SIGTERM; the exit status
     (2: bad configuration, 1: discovery failed). ``started`` is called once discovery is done."""
-    if settings.driver_name is None:
-        settings = settings.model_copy(update={"driver_name": DRIVER_NAME})
+    settings = serving_settings(settings)
     try:
         plugin = NvidiaDraPlugin.from_settings(settings)
     except ConfigError as exc:

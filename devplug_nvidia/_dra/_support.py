@@ -1,8 +1,6 @@
 """What NVIDIA's DRA driver v0.5.0 does that devplug-nvidia does not: refused at start, with one
 line saying so (exit status 2), rather than accepted and silently not done.
 
-* ``DRAListTypeAttributes``: NVIDIA then publishes ``resource.kubernetes.io/numaNode`` as a list
-  of ints; devplug's attributes are single values, so the int stays.
 * ``PassthroughSupport`` (and ``DeviceMetadata``, which needs it): NVIDIA's VFIO devices.
 * ``FabricManagerPartitioning`` on a node with an NVSwitch fabric: NVIDIA then connects to Fabric
   Manager, publishes ``partition<N>`` and activates a claim's partition at prepare. On a node
@@ -24,11 +22,7 @@ import re
 from typing import TYPE_CHECKING
 
 from devplug.errors import ConfigError
-from devplug_nvidia._config._feature_gates import (
-    DRA_LIST_TYPE_ATTRIBUTES,
-    FABRIC_MANAGER_PARTITIONING,
-    PASSTHROUGH_SUPPORT,
-)
+from devplug_nvidia._config._feature_gates import FABRIC_MANAGER_PARTITIONING, PASSTHROUGH_SUPPORT
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -54,11 +48,6 @@ def check_supported(settings: NvidiaSettings) -> None:
         ConfigError: one line naming the gate or flag and why.
     """
     gates = settings.gates
-    if gates[DRA_LIST_TYPE_ATTRIBUTES]:
-        raise ConfigError(
-            f"feature gate {DRA_LIST_TYPE_ATTRIBUTES} is not supported yet: devplug cannot publish "
-            "list-type attributes, so resource.kubernetes.io/numaNode stays an int"
-        )
     if gates[PASSTHROUGH_SUPPORT]:
         raise ConfigError(
             f"feature gate {PASSTHROUGH_SUPPORT} is not supported: devplug-nvidia publishes no VFIO "

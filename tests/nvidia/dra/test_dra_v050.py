@@ -22,7 +22,7 @@ from devplug.testing import FakeKubeAPI, FakeKubelet, serving_dra
 from devplug_nvidia._config._feature_gates import GATES, FeatureGateError, parse_feature_gates
 from devplug_nvidia._dra._support import check_supported, has_fabric_manager_fabric
 from devplug_nvidia.config import NvidiaSettings, load_nvidia_settings
-from devplug_nvidia.dra import NvidiaDraPlugin, run_dra
+from devplug_nvidia.dra import NvidiaDraPlugin, run_dra, serving_settings
 from devplug_nvidia.testing import MODELS, FakeNvml, write_root
 from devplug_nvidia.testing._specs import MachineModel
 from tests.nvidia.nvidia_dra_kit import dra_cluster, nvidia_env
@@ -456,11 +456,6 @@ def test_compute_domain_gates_are_accepted_without_effect(tmp_path: Path) -> Non
     ("more", "line"),
     [
         (
-            {"feature_gates": "DRAListTypeAttributes=true"},
-            "feature gate DRAListTypeAttributes is not supported yet: devplug cannot publish list-type "
-            "attributes, so resource.kubernetes.io/numaNode stays an int",
-        ),
-        (
             {"feature_gates": "PassthroughSupport=true"},
             "feature gate PassthroughSupport is not supported: devplug-nvidia publishes no VFIO devices",
         ),
@@ -533,10 +528,6 @@ def test_nvidias_flags_and_variables_are_read(monkeypatch: pytest.MonkeyPatch, t
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (
-            ["--feature-gates", "DRAListTypeAttributes=true"],
-            "feature gate DRAListTypeAttributes is not supported",
-        ),
         (["--consumable-shares", "memory"], "--consumable-shares requires feature gate ConsumableShares"),
         (["--service-account-name", "x"], "--service-account-name is not supported"),
     ],
@@ -628,3 +619,31 @@ def test_an_nvlink5_switch_managed_fabric_is_found_in_the_infiniband_vpd(tmp_pat
     vpd.write_bytes(b"\x82\x10ConnectX-7\x90PN V3 SW_MNG")
     assert has_fabric_manager_fabric(proc=proc, sysfs=sysfs)
     assert not has_fabric_manager_fabric(proc=proc, sysfs=tmp_path / "none")
+
+
+# -- DRAListTypeAttributes ---------------------------------------------------------------------------
+
+
+def test_the_list_type_attributes_gate_publishes_numa_node_as_a_list(tmp_path: Path) -> None:
+    """NVIDIA's gate turns devplug's list attributes on: numaNode as a list of ints, as NVIDIA
+    publishes it (where the cluster has DRAListTypeAttributes; see tests/dra for a server
+    without it)."""
+    root = write_root(MODELS["pcie-a10"], tmp_path / "root")
+    plain = settings_for(root, tmp_path / "k")
+    gated = settings_for(root, tmp_path / "k", "DRAListTypeAttributes=true")
+    assert serving_settings(plain).list_attributes is False
+    served = serving_settings(gated)
+    assert (served.list_attributes, served.driver_name) == (True, DRIVER)
+    plugin = NvidiaDraPlugin.discover(
+        gated, module=FakeNvml(MODELS["pcie-a10"]), sysfs=root / "sys", proc=root / "proc"
+    )
+    from devplug._dra.inventory import Inventory
+    from devplug._dra.slices import device_entry
+
+    inventory = Inventory([plugin])
+    inventory.update(0, plugin.devices)
+    entry = next(e for e in inventory.current.entries if e.device.numa_nodes)
+    numa = device_entry(entry, DRIVER, taint_unhealthy=True, lists=True)["attributes"][
+        "resource.kubernetes.io/numaNode"
+    ]
+    assert numa == {"ints": list(entry.device.numa_nodes)}
