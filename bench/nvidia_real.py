@@ -341,18 +341,105 @@ async def _dra_round(plugin: Any, root: Path | None) -> dict[str, Any]:
     return out
 
 
-def _dra_plugin(fake: str | None, root: Path | None) -> Any:
-    """NvidiaDraPlugin on this machine's NVML (or the fake model's, on its tree under ``root``)."""
+async def _shares_round(plugin: Any) -> dict[str, Any]:
+    """NVIDIA v0.5.0's consumable shares on this machine: the first GPU as published (shared,
+    its memory a capacity), two claims given a share of it each by FakeKubeAPI's allocator,
+    both prepared (each answer naming its share), then unprepared."""
+    from devplug.testing import FakeKubeAPI, serving_dra
+
+    work = Path(tempfile.mkdtemp(prefix="dps-", dir="/tmp"))
+    kubelet_root = work / "k"
+    out: dict[str, Any] = {"problems": []}
+    try:
+        with anyio.fail_after(120):
+            async with (
+                FakeKubeAPI() as api,
+                FakeKubelet(
+                    work / "dp",
+                    plugins_registry_dir=kubelet_root / "plugins_registry",
+                    dra=True,
+                    kube_api=api,
+                    node_name=DRA_NODE,
+                ) as kubelet,
+                serving_dra(plugin, api, kubelet_root, node_name=DRA_NODE),
+            ):
+                await kubelet.wait_for_usable(DRA_DRIVER, timeout=30)
+                slices = await api.wait_for_slices(node=DRA_NODE, driver=DRA_DRIVER, timeout=30)
+                published = [d for s in slices for d in s["spec"].get("devices") or []]
+                gpu = next(d for d in published if d["attributes"]["type"]["string"] == "gpu")
+                out["gpu"] = {
+                    "name": gpu["name"],
+                    "allowMultipleAllocations": gpu.get("allowMultipleAllocations"),
+                    "capacity": gpu.get("capacity"),
+                    "gpuModuleID": gpu["attributes"].get("gpuModuleID"),
+                    "numaNode": gpu["attributes"].get("resource.kubernetes.io/numaNode"),
+                }
+                refs = []
+                for number in range(2):
+                    name = f"share-{number}"
+                    api.add_claim(
+                        DRA_NAMESPACE,
+                        name,
+                        requests=[("gpu", 1)],
+                        device_class=DRA_DRIVER,
+                        capacity={"gpu": {"memory": "1Gi"}},  # memory mode: all of it by default
+                    )
+                    claim = api.allocate_claim(
+                        DRA_NAMESPACE, name, node=DRA_NODE, driver=DRA_DRIVER, devices=[gpu["name"]]
+                    )
+                    (result,) = claim["status"]["allocation"]["devices"]["results"]
+                    refs.append(((DRA_NAMESPACE, name, str(claim["metadata"]["uid"])), result))
+                began = time.perf_counter()
+                answers = await kubelet.prepare(DRA_DRIVER, [ref for ref, _ in refs])
+                out["prepare_both_ms"] = round((time.perf_counter() - began) * 1000, 2)
+                shares = []
+                for ref, result in refs:
+                    answer = answers[ref[2]]
+                    if answer.error:
+                        out["problems"].append(f"{ref[1]}: {answer.error}")
+                        continue
+                    (device,) = answer.devices
+                    shares.append(device.share_id)
+                    if device.share_id != result.get("shareID"):
+                        out["problems"].append(
+                            f"{ref[1]}: share {device.share_id}, allocated {result.get('shareID')}"
+                        )
+                out["shares"] = shares
+                out["consumed"] = [result.get("consumedCapacity") for _, result in refs]
+                await kubelet.unprepare(DRA_DRIVER, [ref for ref, _ in refs])  # raises on an error
+    finally:
+        _remove(work)
+    if out["problems"] or len(set(out.get("shares") or [])) != 2:
+        raise RuntimeError(f"shares: {out}")
+    return out
+
+
+def _dra_plugin(fake: str | None, root: Path | None, **more: Any) -> Any:
+    """NvidiaDraPlugin on this machine's NVML (or the fake model's, on its tree under ``root``);
+    ``more``: further settings (``consumable_shares``, ``feature_gates``)."""
     from devplug_nvidia.config import NvidiaSettings
     from devplug_nvidia.dra import NvidiaDraPlugin
 
     if fake is None:
-        return NvidiaDraPlugin.discover(NvidiaSettings(driver_name=DRA_DRIVER))
+        return NvidiaDraPlugin.discover(NvidiaSettings(driver_name=DRA_DRIVER, **more))
     from devplug_nvidia.testing import fake_nvml
 
     assert root is not None
-    settings = NvidiaSettings(driver_root=str(root), driver_name=DRA_DRIVER)
+    settings = NvidiaSettings(driver_root=str(root), driver_name=DRA_DRIVER, **more)
     return NvidiaDraPlugin.discover(settings, module=fake_nvml(fake), sysfs=root / "sys", proc=root / "proc")
+
+
+def _dra_steps(report: dict[str, Any], fake: str | None, root: Path | None) -> None:
+    """The DRA driver's steps: as NVIDIA's by default, then with consumable shares."""
+    plugin = _step(report, "dra_discovery", lambda: _dra_plugin(fake, root))
+    if plugin is not None:
+        report["dra_discovery"] = {"devices": len(plugin.devices)}
+        _step(report, "dra", lambda: anyio.run(_dra_round, plugin, root))
+    shares = {"consumable_shares": "memory", "feature_gates": "ConsumableShares=true"}
+    shared = _step(report, "dra_shares_discovery", lambda: _dra_plugin(fake, root, **shares))
+    if shared is not None:
+        report.pop("dra_shares_discovery", None)
+        _step(report, "dra_shares", lambda: anyio.run(_shares_round, shared))
 
 
 def _describe(exc: BaseException) -> str:
@@ -408,10 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if records and isinstance(links, LinkMatrix):
         _step(report, "plugin", lambda: anyio.run(_plugin_round, records, links))
     if records:
-        plugin = _step(report, "dra_discovery", lambda: _dra_plugin(args.fake_nvml, root))
-        if plugin is not None:
-            report["dra_discovery"] = {"devices": len(plugin.devices)}
-            _step(report, "dra", lambda: anyio.run(_dra_round, plugin, root))
+        _dra_steps(report, args.fake_nvml, root)
     text = json.dumps(report, indent=2, default=str)
     print(text)
     if args.out:
