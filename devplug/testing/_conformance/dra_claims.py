@@ -120,6 +120,51 @@ class ClaimSteps:
             verdict = ("pass", f"same answer 3 times; {len(removed)} deleted spec files written again")
         self.results["idempotent_prepare"] = verdict
 
+    async def _shares(self) -> None:
+        """Two claims, each given a share of one device the driver publishes as shared, prepared
+        together and unprepared: each answer names its share."""
+        driver, kubelet, api = self.driver, self._kubelet, self._api
+        assert driver is not None
+        shared = [
+            d["name"]
+            for s in api.slices(node=self.node, driver=driver)
+            for d in s["spec"].get("devices") or ()
+            if d.get("allowMultipleAllocations")
+        ]
+        if not shared:
+            self.results["shared_devices"] = ("skip", "the driver publishes no shared device")
+            return
+        # One the claim of the earlier checks does not hold, where there is one (it keeps its share).
+        held = {device for _, device in self._allocated}
+        shared.sort(key=lambda name: name in held)
+        refs, results = [], []
+        try:
+            for number in (1, 2):
+                name = f"share-{number}"
+                api.add_claim(NAMESPACE, name, requests=[("device", 1)])
+                claim = api.allocate_claim(
+                    NAMESPACE, name, node=self.node, driver=driver, devices=[shared[0]]
+                )
+                refs.append(ClaimRef(NAMESPACE, name, claim["metadata"]["uid"]))
+                results.append(claim["status"]["allocation"]["devices"]["results"][0])
+        except AllocationError as exc:
+            self.results["shared_devices"] = (
+                "fail",
+                f"device {shared[0]} is published as shared, but two claims cannot each have a share: {exc}",
+            )
+            return
+        answers = await self._call("shared_devices", lambda: kubelet.prepare(driver, refs))
+        if answers is None:
+            return
+        problem = _share_problem(refs, results, answers)
+        if problem:
+            self.results["shared_devices"] = ("fail", problem)
+            return
+        await self._call("shared_devices", lambda: kubelet.unprepare(driver, refs))  # None either way
+        self.results.setdefault(
+            "shared_devices", ("pass", f"2 shares of {shared[0]} prepared and unprepared")
+        )
+
     async def _entries(self, ref: ClaimRef | None) -> None:
         driver, kubelet = self.driver, self._kubelet
         assert driver is not None
@@ -153,6 +198,20 @@ class ClaimSteps:
             entries = f"{counted(len(claims), 'entry', 'entries')} for {counted(len(claims), 'claim')}"
             verdict = ("pass", f"{entries} in both calls{note}")
         self.results["entry_per_claim"] = verdict
+
+
+def _share_problem(refs: list[ClaimRef], results: list[dict[str, Any]], answers: Mapping[str, Any]) -> str:
+    """Why two claims' shares of one device were not prepared as the kubelet needs, or ""."""
+    for ref, result in zip(refs, results, strict=True):
+        devices = answers[ref.uid].devices
+        if len(devices) != 1 or devices[0].device != result["device"]:
+            return f"claim {ref.name}: the answer names {[d.device for d in devices]}, not {result['device']}"
+        if devices[0].share_id != result.get("shareID"):
+            return (
+                f"claim {ref.name}: the answer's share_id is {devices[0].share_id!r}, the allocation's "
+                f"shareID {result.get('shareID')!r} (v1 answers carry it, or the kubelet loses the share)"
+            )
+    return ""
 
 
 def _entries_problem(method: str, wanted: set[str], got: Mapping[str, object]) -> str:

@@ -96,6 +96,7 @@ class DraSession(ClaimSteps):
                             await self._versions()
                             await self._slices()
                             await self._claims()
+                            await self._shares()
                             await self._health()
                             await self._wipe()
                         except (Stop, PluginExited) as stop:

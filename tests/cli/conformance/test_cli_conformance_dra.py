@@ -18,13 +18,13 @@ PLACES = ["--kubelet-root", "{kubelet_root}", "--cdi-dir", "{cdi_dir}"]
 
 
 def test_devplug_fake_as_a_dra_driver_passes() -> None:
-    result = conformance("--dra", "--", *FAKE, *PLACES)
+    result = conformance("--dra", "--", *FAKE, "--shares", "2", *PLACES)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "driver: fake.example.com" in result.stdout
     rows = table(result.stdout)
-    assert len(rows) == 11
+    assert len(rows) == 12
     assert {mark for mark, _ in rows.values()} == {"PASS"}
-    assert "11 passed, 0 failed, 0 skipped" in result.stdout
+    assert "12 passed, 0 failed, 0 skipped" in result.stdout
 
 
 def test_json_report_of_a_broken_driver() -> None:
