@@ -21,6 +21,7 @@ from tests.e2e.node_kit import (
     Node,
     device_nodes,
     events,
+    localnode,
     log_of,
     noop_hook,
     plugin_process,
@@ -31,6 +32,7 @@ from tests.e2e.node_kit import (
 pytestmark = pytest.mark.timeout(300)
 
 FAKE_DRIVER = "fake.example.com"
+BUSYBOX = localnode.BUSYBOX_IMAGE
 
 
 def fake_driver(node: Node, tmp: Path, *extra: str) -> AbstractContextManager[Popen[bytes]]:
@@ -293,6 +295,80 @@ def test_device_metadata_is_mounted_in_the_container(node: Node, tmp_path: Path,
             lambda: not [p for p in node.cdi_dir.glob(f"{FAKE_DRIVER}_metadata_*")],
         )
         assert driver.poll() is None, log_of(driver)
+
+
+def test_a_device_s_status_reaches_the_claim_under_deploy_dra_s_rbac(
+    node: Node, tmp_path: Path, fake_class: str
+) -> None:
+    """Claim device status (GA in 1.37): what the driver's prepared device reports is written to
+    the claim's status.devices and removed at unprepare, by a driver holding only deploy/dra's
+    ServiceAccount and ClusterRole, with a token bound to a pod on the node (as a DaemonSet's
+    pod has): the 1.36+ per-driver check (resourceclaims/driver, associated-node verbs) passes."""
+    node.kubectl("apply", "-f", str(ROOT / "deploy" / "dra" / "rbac.yaml"))
+    holder = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "token-holder", "namespace": "kube-system"},
+        "spec": {
+            "nodeName": node.name,
+            "hostNetwork": True,
+            "serviceAccountName": "devplug-fake-dra",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": BUSYBOX,
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                }
+            ],
+        },
+    }
+    node.apply(holder)
+    try:
+        uid = node.get("pod", "token-holder", namespace="kube-system")["metadata"]["uid"]
+        token = node.kubectl(
+            "create", "token", "devplug-fake-dra", "-n", "kube-system", "--bound-object-kind", "Pod",
+            "--bound-object-name", "token-holder", "--bound-object-uid", uid, "--duration", "1h",
+        ).strip()  # fmt: skip
+        admin = json.loads(Path(node.kubeconfig).read_text())
+        admin["users"] = [{"name": "driver", "user": {"token": token}}]
+        admin["contexts"][0]["context"]["user"] = "driver"
+        kubeconfig = tmp_path / "driver-kubeconfig"
+        kubeconfig.write_text(json.dumps(admin))
+        flags = [*node.dra_flags(), "--kubeconfig", str(kubeconfig), "--driver-name", FAKE_DRIVER]
+        with plugin_process(
+            node, tmp_path, "devplug", "run", *flags, "tests.e2e.status_plugin:Reporting"
+        ) as driver:
+            wait_for("the driver's slices", lambda: len(published(node, FAKE_DRIVER)) == 2)
+            node.apply(claim("reported", fake_class))
+            try:
+                node.run_pod("dra-status", claims=[{"name": "dev", "resourceClaimName": "reported"}])
+                (device,) = allocated_devices(node, "dra-status")
+                (entry,) = wait_for(
+                    "the device's status in the claim",
+                    lambda: node.get("resourceclaim", "reported").get("status", {}).get("devices"),
+                )
+                assert (entry["driver"], entry["pool"], entry["device"]) == (FAKE_DRIVER, node.name, device)
+                (condition,) = entry["conditions"]
+                assert (condition["type"], condition["status"], condition["message"]) == (
+                    "Ready",
+                    "True",
+                    device,
+                )
+                assert entry["data"] == {"device": device}
+                assert entry["networkData"] == {"interfaceName": f"net-{device}", "ips": ["10.9.8.7/24"]}
+                assert "claim_status_failed" not in log_of(driver)
+            finally:
+                node.delete("pod", "dra-status")
+            wait_for(
+                "the entry removed after the unprepare",
+                lambda: not node.get("resourceclaim", "reported").get("status", {}).get("devices"),
+            )
+            node.delete("resourceclaim", "reported")
+            assert driver.poll() is None, log_of(driver)
+    finally:
+        node.delete("pod", "token-holder", namespace="kube-system")
 
 
 def test_kubelet_restart_slices_come_back_and_the_pod_keeps_running(
