@@ -154,6 +154,8 @@ def test_shares_of_one_device_go_to_several_claims_up_to_its_capacity(
     claims. The real scheduler gives two claims a share each (a default request, an explicit
     one), the kubelet has both prepared on the node, and a third claim waits until a share is
     freed."""
+    if node.minor < 36:
+        pytest.skip(f"DRAConsumableCapacity is alpha and off in 1.{node.minor} (beta and on from 1.36)")
     with fake_driver(node, tmp_path, "--count", "1", "--shares", "2") as driver:
         (device,) = wait_for("the driver's slices", lambda: list(published(node, FAKE_DRIVER).values()))
         assert device["allowMultipleAllocations"] is True  # the server kept it: the feature is on
@@ -209,6 +211,8 @@ def test_a_device_with_binding_conditions_waits_for_its_controller(
     device but binds the pod only once a controller (here the test, as a driver's own controller
     would) sets the condition True in the claim's status.devices; then the kubelet has the claim
     prepared and the pod runs."""
+    if node.minor < 36:
+        pytest.skip(f"DRADeviceBindingConditions is alpha and off in 1.{node.minor} (beta and on from 1.36)")
     attached, failed = f"{FAKE_DRIVER}/attached", f"{FAKE_DRIVER}/attach-failed"
     device = {"id": "fake-0", "binding_conditions": [attached], "binding_failure_conditions": [failed]}
     state = tmp_path / "devices.json"
