@@ -3,6 +3,7 @@
     python bench/run.py            # the full run (about 3 minutes on 2 cores)
     python bench/run.py --quick    # a smoke test: fewer runs; prints the table, writes nothing
     python bench/run.py --only nvidia_dra   # one section again, into the last full run's results
+    python bench/run.py --only dra_shares   # DRA prepare of shared devices beside an exclusive one
     python bench/run.py --only real_api     # devplug beside the Go anchors on a real API server
 
 Measured from the kubelet's side of the socket: a fake kubelet (devplug.testing.FakeKubelet)
@@ -10,7 +11,7 @@ and raw gRPC clients run in this process, each plugin is a separate ``devplug-fa
 For DRA, the API server (devplug.testing.FakeKubeAPI) and the kubelet's gRPC clients run in
 this process, the driver is a separate ``devplug-fake --api dra`` process.
 The pieces run on their own too: bench/core.py, bench/scale.py, bench/footprint.py,
-bench/policies.py, bench/dra.py and bench/nvidia_dra.py.
+bench/policies.py, bench/dra.py, bench/dra_shares.py and bench/nvidia_dra.py.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import core
 import dra
+import dra_shares
 import footprint
 import nvidia_dra
 import policies
@@ -62,12 +64,14 @@ COUNTS: dict[str, tuple[Any, Any]] = {
     "dra_wipes": (25, 5),
     "dra_health_flips": (150, 30),
     "dra_breakdown_runs": (200, 50),
+    "dra_share_calls": (300, 60),
+    "dra_share_breakdown_runs": (200, 50),
     "nvidia_dra_calls": (200, 40),
     "nvidia_dra_breakdown_runs": (100, 20),
     "startup_rounds": (startup.RUNS[False], startup.RUNS[True]),
     "import_runs": (startup.IMPORT_RUNS[False], startup.IMPORT_RUNS[True]),
 }
-ONLY = ("nvidia_dra", "startup", "round_trip", "real_api")
+ONLY = ("nvidia_dra", "dra_shares", "startup", "round_trip", "real_api")
 """Sections ``--only`` runs by themselves, replacing their figures in the last full run's results."""
 
 
@@ -86,6 +90,19 @@ async def run_nvidia_dra(workdir: Path, quick: bool) -> dict[str, Any]:
         nvidia_dra.breakdown, workdir, n("nvidia_dra_breakdown_runs")
     )
     return figures
+
+
+async def run_dra_shares(workdir: Path, quick: bool) -> dict[str, Any]:
+    """DRA prepare of shared devices beside an exclusive one (bench/dra_shares.py)."""
+
+    def n(name: str) -> Any:
+        return COUNTS[name][1 if quick else 0]
+
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "quick": quick,
+        **await dra_shares.bench(workdir, n("dra_share_calls"), n("dra_share_breakdown_runs")),
+    }
 
 
 async def run_startup(workdir: Path, quick: bool) -> dict[str, Any]:
@@ -171,6 +188,7 @@ async def run_all(quick: bool) -> dict[str, Any]:
         results["dra"]["breakdown"] = await section(
             "dra_breakdown", lambda: dra.breakdown(workdir, n("dra_breakdown_runs"))
         )
+        results["dra_shares"] = await section("dra_shares", lambda: run_dra_shares(workdir, quick))
         results["nvidia_dra"] = await section("nvidia_dra", lambda: run_nvidia_dra(workdir, quick))
         results["real_api"] = await section("real_api", lambda: real_api.bench(workdir, quick))
     finally:
@@ -185,6 +203,8 @@ async def run_section(name: str, quick: bool) -> Any:
     try:
         if name == "nvidia_dra":
             return await run_nvidia_dra(workdir, quick)
+        if name == "dra_shares":
+            return await run_dra_shares(workdir, quick)
         if name == "startup":
             return await run_startup(workdir, quick)
         if name == "round_trip":
@@ -418,10 +438,10 @@ def render(results: dict[str, Any]) -> tuple[str, list[str]]:
         "",
         "To rerun: `python bench/run.py` (about 4 minutes on 2 cores; `--quick` for a smoke test that",
         "prints this page and writes nothing). The parts run alone too: `bench/core.py`, `bench/scale.py`,",
-        "`bench/footprint.py`, `bench/policies.py`, `bench/dra.py`, `bench/nvidia_dra.py`,",
-        "`bench/real_api.py`; `--only nvidia_dra` (or `startup`, `round_trip`, `real_api`) runs that",
-        "section again into these results. The machine this ran on is shared: ±20 % run to run, more",
-        "when other work runs on it.",
+        "`bench/footprint.py`, `bench/policies.py`, `bench/dra.py`, `bench/dra_shares.py`,",
+        "`bench/nvidia_dra.py`, `bench/real_api.py`; `--only nvidia_dra` (or `dra_shares`, `startup`,",
+        "`round_trip`, `real_api`) runs that section again into these results. The machine this ran on",
+        "is shared: ±20 % run to run, more when other work runs on it.",
         "",
         "## Times",
         "",
@@ -463,6 +483,7 @@ def render(results: dict[str, Any]) -> tuple[str, list[str]]:
         "  `/proc/<pid>/status`, idle and after each checkpoint of Allocate calls (one device each,",
         "  spread over the three resources).",
         *DRA_HOW,
+        *DRA_SHARES_HOW,
         *NVIDIA_DRA_HOW,
         *real_api.HOW,
     ]
@@ -766,6 +787,66 @@ def render_dra(results: dict[str, Any], misses: list[str]) -> list[str]:
         "| figure | value | runs | target | met |",
         "|---|---|---|---|---|",
         *values,
+        "",
+        *render_dra_shares(results),
+    ]
+
+
+DRA_SHARES_HOW = [
+    "- Shared devices (`bench/dra_shares.py`, consumable capacity): three `devplug-fake --api dra`",
+    "  drivers, each on a node of its own and serving at once, `--count 1` (exclusive) and twice",
+    f"  `--count 1 --shares {dra_shares.SHARES}` (capacity `shares: {dra_shares.SHARES}`, a claim takes 1), "
+    "with `bench/bare_dra.py`",
+    "  beside them. Each call prepares a new one-device claim allocated beforehand by",
+    "  `FakeKubeAPI.allocate_claim` (untimed; on the shared drivers each gets a new `shareID`,",
+    "  checked in the answer), unprepares it and deletes the claim (untimed), as above. On one",
+    f"  shared driver {dra_shares.HELD} other claims' shares are prepared first and stay prepared, so "
+    "each measured",
+    f"  claim takes the {dra_shares.SHARES}th share and is weighed against them; on the other it is the "
+    "only share.",
+    f"  The floor is called with the exclusive claims. {dra_shares.WARMUP} warm-up calls per variant, "
+    "then the",
+    "  four in alternating blocks. The breakdown times, in the benchmark process, the checkpoint",
+    f"  encoded and saved with 1 claim and with {dra_shares.SHARES} (the held driver's own file and one "
+    "more),",
+    "  in turn, and the share check.",
+]
+
+
+def render_dra_shares(results: dict[str, Any]) -> list[str]:
+    """The shared-device rows of the DRA section (empty when the run has no such figures)."""
+    d = results.get("dra_shares")
+    if not d:
+        return []
+    rows = []
+    exclusive = d["variants"]["exclusive"]["prepare"]["p50"]
+    for variant in d["variants"].values():
+        prepare, unprepare = variant["prepare"], variant["unprepare"]
+        cells = " | ".join(_cell(s, k) for s in (prepare, unprepare) for k in ("p50", "p99"))
+        rows.append(
+            f"| {variant['label']} | {cells} | {prepare['p50'] / exclusive:.2f}x | {prepare['runs']} |"
+        )
+    bd = d["breakdown"]
+    check = bd[f"share_check_{d['held']}_others_us"]
+    when = f"{d['date']}" + (" (**quick run**)" if d.get("quick") else "")
+    return [
+        f"Shared devices (consumable capacity; `bench/dra_shares.py`, taken {when} with `python "
+        f"bench/run.py --only dra_shares` or the full run): one device, `--shares {d['shares']}` "
+        f"where shared; {d['calls']} calls per variant in {d['blocks']} alternating blocks. No target "
+        "set.",
+        "",
+        "| NodePrepareResources / NodeUnprepareResources, 1 claim x 1 device | prepare p50 | prepare p99 "
+        "| unprepare p50 | unprepare p99 | prepare p50 ÷ exclusive | runs |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"What grows with the shares prepared: each save of the checkpoint (every prepare and "
+        f"unprepare saves it) encodes every claim it holds; in the benchmark process, encoding "
+        f"{d['shares']} claims ({bd['checkpoint_bytes_16_claims']:,} B) takes "
+        f"{bd['checkpoint_encode_16_claims']:.2f} ms against {bd['checkpoint_encode_1_claims']:.2f} ms "
+        f"for 1 ({bd['checkpoint_bytes_1_claims']:,} B), the whole save "
+        f"{bd['checkpoint_save_16_claims']:.2f} ms against {bd['checkpoint_save_1_claims']:.2f} ms; the "
+        f"check of a new share against {d['held']} others takes {check:.0f} µs (p50 of {bd['runs']}).",
         "",
     ]
 

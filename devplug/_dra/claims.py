@@ -22,6 +22,7 @@ import contextlib
 import datetime
 import itertools
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
@@ -600,33 +601,27 @@ class Preparer:
         ``plugins`` (last first), then the spec file. A failing hook is logged, not raised: the
         prepare's own error is the one the kubelet must see."""
         claim = Claim(uid=ref.uid, namespace=ref.namespace, name=ref.name)
-        for plugin in reversed(plugins):
-            if not overrides(type(plugin), "unprepare_claim"):
-                continue
+        steps: list[tuple[str, Callable[[], Awaitable[None]], dict[str, str]]] = [
+            ("unprepare_claim", partial(p.unprepare_claim, claim), {"resource": p.resource_name})
+            for p in reversed(plugins)
+            if overrides(type(p), "unprepare_claim")
+        ]
+        steps += [
+            ("release_device", partial(p.release_device, name), {"device": name})
+            for p, name in self._released(ref.uid, record)
+            if p in plugins
+        ]
+        for hook, call, where in steps:
             try:
-                await plugin.unprepare_claim(claim)
+                await call()
             except Exception as exc:
                 self._log.exception(
                     "rollback_failed",
                     claim=str(ref),
                     uid=ref.uid,
-                    resource=plugin.resource_name,
+                    **where,
                     error=str(exc),
-                    note="unprepare_claim failed while undoing a failed prepare; the node may keep its state",
-                )
-        for plugin, name in self._released(ref.uid, record):
-            if plugin not in plugins:
-                continue
-            try:
-                await plugin.release_device(name)
-            except Exception as exc:
-                self._log.exception(
-                    "rollback_failed",
-                    claim=str(ref),
-                    uid=ref.uid,
-                    device=name,
-                    error=str(exc),
-                    note="release_device failed while undoing a failed prepare; the node may keep its state",
+                    note=f"{hook} failed while undoing a failed prepare; the node may keep its state",
                 )
         if record.spec_file:
             path = self.cdi_dir / record.spec_file

@@ -308,10 +308,10 @@ def test_rolling_update_surges_only_with_per_pod_sockets() -> None:
 # -- RBAC -----------------------------------------------------------------------------------------
 
 
-def test_cluster_role_has_exactly_the_verbs_a_dra_driver_uses() -> None:
-    role = _one(_objects(DRIVER_KUSTOMIZATION), "ClusterRole")
+def role_rules(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str], set[str]]:
+    """The ClusterRole of ``objects`` as (group, resource, name or "") → verbs, each once."""
     rules: dict[tuple[str, str, str], set[str]] = {}
-    for rule in role["rules"]:
+    for rule in _one(objects, "ClusterRole")["rules"]:
         assert set(rule) <= {"apiGroups", "resources", "resourceNames", "verbs"}, rule  # no URLs
         assert len(set(rule["verbs"])) == len(rule["verbs"]), rule
         for group in rule["apiGroups"]:
@@ -319,7 +319,11 @@ def test_cluster_role_has_exactly_the_verbs_a_dra_driver_uses() -> None:
                 for name in rule.get("resourceNames") or [""]:
                     assert (group, resource, name) not in rules, f"{group}/{resource} in two rules"
                     rules[group, resource, name] = set(rule["verbs"])
-    assert rules == RBAC_RULES
+    return rules
+
+
+def test_cluster_role_has_exactly_the_verbs_a_dra_driver_uses() -> None:
+    assert role_rules(_objects(DRIVER_KUSTOMIZATION)) == RBAC_RULES
 
 
 def test_cluster_role_binding_binds_the_daemonsets_account() -> None:

@@ -29,6 +29,7 @@ from devplug_nvidia.discovery import GPU_RESOURCE
 from devplug_nvidia.dra import DRIVER_NAME, NvidiaDraPlugin
 from devplug_nvidia.testing import MODELS, FakeNvml, write_root
 from tests.deploy.kustomize_lite import object_id, render
+from tests.deploy.test_manifests_dra import role_rules
 
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is in the dev extra: pip install -e '.[dev]'"
@@ -314,22 +315,10 @@ def test_rolling_update_surges_only_with_per_pod_sockets() -> None:
 # -- RBAC -----------------------------------------------------------------------------------------
 
 
-def _rules(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str], set[str]]:
-    rules: dict[tuple[str, str, str], set[str]] = {}
-    for rule in _one(objects, "ClusterRole")["rules"]:
-        assert set(rule) <= {"apiGroups", "resources", "resourceNames", "verbs"}, rule  # no URLs
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                for name in rule.get("resourceNames") or [""]:
-                    assert (group, resource, name) not in rules, f"{group}/{resource} in two rules"
-                    rules[group, resource, name] = set(rule["verbs"])
-    return rules
-
-
 def test_cluster_role_is_the_dra_drivers_of_deploy_dra() -> None:
     """The same runtime, so the same requests: exactly deploy/dra's rules (dra.md §6)."""
-    rules = _rules(_objects(DRIVER_KUSTOMIZATION))
-    ours = _rules(_objects("dra"))
+    rules = role_rules(_objects(DRIVER_KUSTOMIZATION))
+    ours = role_rules(_objects("dra"))
     driver = ("resource.k8s.io", "resourceclaims/driver")
     # The same, but for the per-driver rule, which names each one's driver.
     assert {k: v for k, v in rules.items() if k[:2] != driver} == {
