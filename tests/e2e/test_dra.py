@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 from subprocess import Popen
@@ -58,6 +59,12 @@ def published(node: Node, driver: str) -> dict[str, dict[str, Any]]:
         if s["spec"]["pool"]["generation"] == newest
         for d in s["spec"].get("devices", [])
     }
+
+
+def without_slices(node: Node, driver: str = FAKE_DRIVER) -> None:
+    """Delete what an earlier test's driver left of its pool (the kubelet wipes it only some time
+    after the driver went): a test reading the first slices it sees reads its own driver's."""
+    node.kubectl("delete", "resourceslices", "--field-selector", f"spec.driver={driver}", "--wait=true")
 
 
 def claim(name: str, device_class: str, count: int = 1) -> dict[str, Any]:
@@ -156,6 +163,7 @@ def test_shares_of_one_device_go_to_several_claims_up_to_its_capacity(
     freed."""
     if node.minor < 36:
         pytest.skip(f"DRAConsumableCapacity is alpha and off in 1.{node.minor} (beta and on from 1.36)")
+    without_slices(node)
     with fake_driver(node, tmp_path, "--count", "1", "--shares", "2") as driver:
         (device,) = wait_for("the driver's slices", lambda: list(published(node, FAKE_DRIVER).values()))
         assert device["allowMultipleAllocations"] is True  # the server kept it: the feature is on
@@ -217,6 +225,7 @@ def test_a_device_with_binding_conditions_waits_for_its_controller(
     device = {"id": "fake-0", "binding_conditions": [attached], "binding_failure_conditions": [failed]}
     state = tmp_path / "devices.json"
     state.write_text(json.dumps({"devices": [device]}))
+    without_slices(node)
     with fake_driver(node, tmp_path, "--state-file", str(state)) as driver:
         (published_device,) = wait_for(
             "the driver's slices", lambda: list(published(node, FAKE_DRIVER).values())
@@ -341,8 +350,9 @@ def test_a_device_s_status_reaches_the_claim_under_deploy_dra_s_rbac(
         kubeconfig = tmp_path / "driver-kubeconfig"
         kubeconfig.write_text(json.dumps(admin))
         flags = [*node.dra_flags(), "--kubeconfig", str(kubeconfig), "--driver-name", FAKE_DRIVER]
+        without_slices(node)
         with plugin_process(
-            node, tmp_path, "devplug", "run", *flags, "tests.e2e.status_plugin:Reporting"
+            node, tmp_path, "devplug", "run", *flags, "tests.e2e.dra_plugins:Reporting"
         ) as driver:
             wait_for("the driver's slices", lambda: len(published(node, FAKE_DRIVER)) == 2)
             node.apply(claim("reported", fake_class))
@@ -373,6 +383,39 @@ def test_a_device_s_status_reaches_the_claim_under_deploy_dra_s_rbac(
             assert driver.poll() is None, log_of(driver)
     finally:
         node.delete("pod", "token-holder", namespace="kube-system")
+
+
+def test_fields_a_1_37_server_drops_are_noticed_and_no_longer_sent(node: Node, tmp_path: Path) -> None:
+    """Alpha in 1.37, off by default: list-valued attributes (the server drops the values, then
+    refuses the empty attribute) and partitionTypeAttribute (dropped). The driver notices each from
+    the real API server's answer, says so once, and keeps its slices still."""
+    if node.minor < 37:
+        pytest.skip("partitionTypeAttribute came with 1.37")
+    state = tmp_path / "devices.json"
+    listed = {"id": "fake-0", "numa_nodes": [0, 1], "attributes": {"links": [2, 3], "model": "w"}}
+    state.write_text(json.dumps({"devices": [listed]}))
+    without_slices(node)
+    with fake_driver(node, tmp_path, "--state-file", str(state), "--list-attributes") as driver:
+        (device,) = wait_for("the driver's slices", lambda: list(published(node, FAKE_DRIVER).values()))
+        assert "links" not in device["attributes"]
+        assert device["attributes"]["resource.kubernetes.io/numaNode"] == {"int": 0}
+        wait_for("the refusal noticed", lambda: "list_attributes_refused" in log_of(driver))
+        versions = [s["metadata"]["resourceVersion"] for s in slices(node, FAKE_DRIVER)]
+        time.sleep(3)
+        assert [s["metadata"]["resourceVersion"] for s in slices(node, FAKE_DRIVER)] == versions
+    flags = [*node.dra_flags(), "--driver-name", FAKE_DRIVER, "--log-format", "json"]
+    with plugin_process(
+        node, tmp_path, "devplug", "run", *flags, "tests.e2e.dra_plugins:Partitions"
+    ) as driver:
+        wait_for(
+            "the partitions' slices", lambda: sorted(published(node, FAKE_DRIVER)) == ["half-0", "half-1"]
+        )
+        wait_for("the drop noticed", lambda: "partition_type_attribute_dropped" in log_of(driver))
+        assert not any("partitionTypeAttribute" in s["spec"] for s in slices(node, FAKE_DRIVER))
+        versions = [s["metadata"]["resourceVersion"] for s in slices(node, FAKE_DRIVER)]
+        time.sleep(3)
+        assert [s["metadata"]["resourceVersion"] for s in slices(node, FAKE_DRIVER)] == versions
+        assert driver.poll() is None, log_of(driver)
 
 
 def test_kubelet_restart_slices_come_back_and_the_pod_keeps_running(

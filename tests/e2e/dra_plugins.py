@@ -1,5 +1,6 @@
-"""A DRA plugin for the real node whose prepared devices report a status (claim device status):
-two widgets, each prepared with a Ready condition, data and network data."""
+"""DRA plugins for the real node, served by ``devplug run``: ``Reporting``, whose prepared devices
+report a status (claim device status); ``Partitions``, two halves of a card that consume its
+counters and name their type (partitionTypeAttribute)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from devplug import ContainerAllocation, Device, DevicePlugin
 from devplug.dra import (
     AllocatedDevice,
     Claim,
+    CounterConsumption,
+    CounterSet,
     DeviceCondition,
     DeviceStatus,
     NetworkData,
@@ -45,3 +48,24 @@ class Reporting(DevicePlugin):
             )
             for d in devices
         ]
+
+
+class Partitions(DevicePlugin):
+    resource_name = "example.com/fake"
+    dra_partition_type_attribute = "profile"
+
+    async def watch_devices(self) -> AsyncIterator[Sequence[Device]]:
+        card = CounterSet(name="card-0", counters={"cores": "8"})
+        yield [
+            Device(
+                id=f"half-{i}",
+                attributes={"profile": "half"},
+                consumes_counters=(CounterConsumption(counter_set="card-0", counters={"cores": "4"}),),
+                shared_counters=(card,),
+            )
+            for i in range(2)
+        ]
+        await anyio.sleep_forever()
+
+    async def allocate(self, devices: Sequence[Device]) -> ContainerAllocation:
+        return ContainerAllocation(envs={"FAKE_VISIBLE_DEVICES": ",".join(d.id for d in devices)})
