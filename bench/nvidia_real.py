@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import traceback
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +41,7 @@ from devplug_nvidia.discovery import apply_mig_strategy, discover_devices
 from devplug_nvidia.labels import LabelSettings, node_labels
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import AsyncIterator, Callable, Sequence
 
     from devplug.models import Device
     from devplug_nvidia._config._file import DeviceListStrategy
@@ -266,30 +267,38 @@ def _check_spec(spec: dict[str, Any], uid: str, device: str, root: Path | None) 
     return {"device_nodes": [n["path"] for n in nodes], "created_from_numbers": made, "problems": problems}
 
 
+@asynccontextmanager
+async def _dra_node(plugin: Any, work: Path) -> AsyncIterator[tuple[Any, FakeKubelet, Path]]:
+    """FakeKubeAPI, a FakeKubelet in DRA mode with its root in ``work``, and ``plugin`` served
+    as the DRA driver, registered: (api, kubelet, kubelet root)."""
+    from devplug.testing import FakeKubeAPI, serving_dra
+
+    kubelet_root = work / "k"
+    async with (
+        FakeKubeAPI() as api,
+        FakeKubelet(
+            work / "dp",
+            plugins_registry_dir=kubelet_root / "plugins_registry",
+            dra=True,
+            kube_api=api,
+            node_name=DRA_NODE,
+        ) as kubelet,
+        serving_dra(plugin, api, kubelet_root, node_name=DRA_NODE),
+    ):
+        await kubelet.wait_for_usable(DRA_DRIVER, timeout=30)
+        yield api, kubelet, kubelet_root
+
+
 async def _dra_round(plugin: Any, root: Path | None) -> dict[str, Any]:
     """The DRA driver over ``plugin``: slices published and checked; a GPU claim and a MIG
     claim prepared, their CDI specs checked, unprepared."""
     import yaml
 
-    from devplug.testing import FakeKubeAPI, serving_dra
-
     work = Path(tempfile.mkdtemp(prefix="dpr-", dir="/tmp"))
-    kubelet_root = work / "k"
     out: dict[str, Any] = {"devices": [d.name for d in plugin.devices]}
     try:
         with anyio.fail_after(120):
-            async with (
-                FakeKubeAPI() as api,
-                FakeKubelet(
-                    work / "dp",
-                    plugins_registry_dir=kubelet_root / "plugins_registry",
-                    dra=True,
-                    kube_api=api,
-                    node_name=DRA_NODE,
-                ) as kubelet,
-                serving_dra(plugin, api, kubelet_root, node_name=DRA_NODE),
-            ):
-                await kubelet.wait_for_usable(DRA_DRIVER, timeout=30)
+            async with _dra_node(plugin, work) as (api, kubelet, kubelet_root):
                 expected = -(-len(plugin.devices) // MAX_DEVICES_PER_SLICE) or 1
                 slices = await api.wait_for_slices(
                     node=DRA_NODE, driver=DRA_DRIVER, count=expected, timeout=30
@@ -345,25 +354,11 @@ async def _shares_round(plugin: Any) -> dict[str, Any]:
     """NVIDIA v0.5.0's consumable shares on this machine: the first GPU as published (shared,
     its memory a capacity), two claims given a share of it each by FakeKubeAPI's allocator,
     both prepared (each answer naming its share), then unprepared."""
-    from devplug.testing import FakeKubeAPI, serving_dra
-
     work = Path(tempfile.mkdtemp(prefix="dps-", dir="/tmp"))
-    kubelet_root = work / "k"
     out: dict[str, Any] = {"problems": []}
     try:
         with anyio.fail_after(120):
-            async with (
-                FakeKubeAPI() as api,
-                FakeKubelet(
-                    work / "dp",
-                    plugins_registry_dir=kubelet_root / "plugins_registry",
-                    dra=True,
-                    kube_api=api,
-                    node_name=DRA_NODE,
-                ) as kubelet,
-                serving_dra(plugin, api, kubelet_root, node_name=DRA_NODE),
-            ):
-                await kubelet.wait_for_usable(DRA_DRIVER, timeout=30)
+            async with _dra_node(plugin, work) as (api, kubelet, _):
                 slices = await api.wait_for_slices(node=DRA_NODE, driver=DRA_DRIVER, timeout=30)
                 published = [d for s in slices for d in s["spec"].get("devices") or []]
                 gpu = next(d for d in published if d["attributes"]["type"]["string"] == "gpu")

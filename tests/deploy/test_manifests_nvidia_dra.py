@@ -29,7 +29,7 @@ from devplug_nvidia.discovery import GPU_RESOURCE
 from devplug_nvidia.dra import DRIVER_NAME, NvidiaDraPlugin
 from devplug_nvidia.testing import MODELS, FakeNvml, write_root
 from tests.deploy.kustomize_lite import object_id, render
-from tests.deploy.test_manifests_dra import role_rules
+from tests.deploy.test_manifests_dra import RBAC_RULES, role_rules
 
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is in the dev extra: pip install -e '.[dev]'"
@@ -317,28 +317,10 @@ def test_rolling_update_surges_only_with_per_pod_sockets() -> None:
 
 def test_cluster_role_is_the_dra_drivers_of_deploy_dra() -> None:
     """The same runtime, so the same requests: exactly deploy/dra's rules (dra.md §6)."""
-    rules = role_rules(_objects(DRIVER_KUSTOMIZATION))
-    ours = role_rules(_objects("dra"))
-    driver = ("resource.k8s.io", "resourceclaims/driver")
-    # The same, but for the per-driver rule, which names each one's driver.
-    assert {k: v for k, v in rules.items() if k[:2] != driver} == {
-        k: v for k, v in ours.items() if k[:2] != driver
-    }
-    assert rules == {
-        ("resource.k8s.io", "resourceslices", ""): {
-            "get",
-            "list",
-            "watch",
-            "create",
-            "update",
-            "patch",
-            "delete",
-        },
-        ("resource.k8s.io", "resourceclaims", ""): {"get"},
-        ("resource.k8s.io", "resourceclaims/status", ""): {"update", "patch"},
-        (*driver, "gpu.nvidia.com"): {"associated-node:update", "associated-node:patch"},
-        ("", "nodes", ""): {"get"},
-    }
+    # deploy/dra's rules (as shipped: role_rules reads them), the per-driver one naming NVIDIA's driver.
+    theirs = {(g, r, DRIVER_NAME if n else n): v for (g, r, n), v in role_rules(_objects("dra")).items()}
+    assert role_rules(_objects(DRIVER_KUSTOMIZATION)) == theirs
+    assert theirs == {(g, r, DRIVER_NAME if n else n): v for (g, r, n), v in RBAC_RULES.items()}
 
 
 def test_cluster_role_binding_binds_the_daemonsets_account() -> None:
