@@ -24,6 +24,7 @@ SOURCES = (
     "dra/v1beta1/api.proto",
     "drahealth/v1alpha1/api.proto",
     "drahealth/v1/api.proto",
+    "podresources/v1/api.proto",
 )
 # The top-level directories under proto/ (and so under devplug/_proto/).
 TOP_DIRS = tuple(sorted({s.split("/", 1)[0] for s in SOURCES}))
