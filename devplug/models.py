@@ -193,6 +193,13 @@ class DeviceTaint(_Frozen):
         return out
 
 
+def _quantity_text(value: Any, what: str) -> str:
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not QUANTITY.fullmatch(text):
+        raise ValueError(f"{what}: {value!r} is not a Kubernetes quantity (e.g. 40Gi, 8, 500m)")
+    return text
+
+
 def _counters(counters: Any) -> Any:
     """Counter names (DNS labels) and values (quantities; integers written as quantities)."""
     if not isinstance(counters, dict):
@@ -203,10 +210,7 @@ def _counters(counters: Any) -> Any:
     for name, value in counters.items():
         if not isinstance(name, str) or not is_dns_label(name):
             raise ValueError(f"counter name {name!r} is not a DNS label (lowercase letters, digits and '-')")
-        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-        if not isinstance(text, str) or not QUANTITY.fullmatch(text):
-            raise ValueError(f"counter {name}: {value!r} is not a Kubernetes quantity (e.g. 40Gi, 8)")
-        out[name] = text
+        out[name] = _quantity_text(value, f"counter {name}")
     return out
 
 
@@ -245,13 +249,6 @@ class CounterConsumption(_Frozen):
 
     def __hash__(self) -> int:
         return hash((self.counter_set, tuple(self.counters.items())))
-
-
-def _quantity_text(value: Any, what: str) -> str:
-    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-    if not isinstance(text, str) or not QUANTITY.fullmatch(text):
-        raise ValueError(f"{what}: {value!r} is not a Kubernetes quantity (e.g. 40Gi, 8, 500m)")
-    return text
 
 
 def _policy_quantity(value: Any) -> Any:

@@ -98,6 +98,19 @@ class StatusWriter:
                 if exc.status == 409:
                     continue
                 return self._failed(wish, exc)
+            except Exception as exc:  # not the API server's answer: logged, retried, never fatal
+                self.errors += 1
+                delay = wish.backoff.next()
+                wish.due = anyio.current_time() + delay
+                self._log.exception(
+                    "claim_status_failed",
+                    object=f"resourceclaims/{ref.namespace}/{ref.name}/status",
+                    verb="patch",
+                    status="error",
+                    error=f"{type(exc).__name__}: {exc}",
+                    retry_in=round(delay, 1),
+                )
+                return False
         wish.due = anyio.current_time() + wish.backoff.next()
         self._log.warning(
             "claim_status_conflicts",

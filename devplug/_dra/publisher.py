@@ -32,6 +32,7 @@ from devplug._dra.slices import (
     counter_set_entry,
     declared_counter_sets,
     device_entry,
+    is_list,
     list_attributes,
     partition_type_problem,
     plan,
@@ -464,7 +465,7 @@ class SlicePublisher:
         if "one of" not in text and "exactly one value" not in text:
             return False
         devices = sent.get("spec", {}).get("devices") or ()
-        if not any(_is_list(a) for d in devices for a in (d.get("attributes") or {}).values()):
+        if not any(is_list(a) for d in devices for a in (d.get("attributes") or {}).values()):
             return False
         self.lists_supported = False
         self._lists_noted = False
@@ -508,10 +509,6 @@ class SlicePublisher:
         self.errors[exc.status_label] += 1
         self.last_error = f"{verb} {obj}: {exc.status_label} {exc}"
         self._log.warning("api_error", verb=verb, object=obj, status=exc.status_label, error=str(exc))
-
-
-def _is_list(attribute: Any) -> bool:
-    return isinstance(attribute, dict) and not {"bools", "ints", "strings", "versions"}.isdisjoint(attribute)
 
 
 def _dropped(key: str, sent: dict[str, Any], stored: dict[str, Any]) -> bool:

@@ -150,7 +150,7 @@ def _attributes(entry: Entry, lists: bool) -> tuple[dict[str, Any], list[str]]:
         for name, value in device.attributes.items()
         if lists or not isinstance(value, tuple)
     )
-    values = sum(len(next(iter(v.values()))) if _is_list(v) else 1 for v in attributes.values())
+    values = sum(len(next(iter(v.values()))) if is_list(v) else 1 for v in attributes.values())
     if values > MAX_ATTRIBUTE_VALUES:
         raise ValueError(
             f"device {device.id}: {values} attribute values pass the limit of {MAX_ATTRIBUTE_VALUES}"
@@ -158,8 +158,9 @@ def _attributes(entry: Entry, lists: bool) -> tuple[dict[str, Any], list[str]]:
     return attributes, added
 
 
-def _is_list(value: dict[str, Any]) -> bool:
-    return not _LIST_KEYS.isdisjoint(value)
+def is_list(value: object) -> bool:
+    """Whether ``value``, an attribute in the API's shape, holds a list (bools, ints, ...)."""
+    return isinstance(value, dict) and not _LIST_KEYS.isdisjoint(value)
 
 
 def list_attributes(device: Device) -> list[str]:
