@@ -17,6 +17,7 @@ import argparse
 import ast
 import difflib
 import inspect
+import json
 import os
 import re
 import sys
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict, SettingsError
 
 from devplug import _settings_groups as _groups
 from devplug._settings_groups import GROUPS, SettingsGroup, fields_of, group_of
@@ -108,7 +109,10 @@ def load_settings(cls: type[S], argv: list[str] | None = None, *, prog: str | No
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     cli: CliSettingsSource[Any] = CliSettingsSource(cls, root_parser=parser, cli_prog_name=prog)
     lay_out_help(parser)  # before parsing: --help prints it
-    cli_values: dict[str, Any] = cli(args=args)()
+    try:
+        cli_values: dict[str, Any] = cli(args=args)()
+    except SettingsError as exc:
+        raise ConfigError(_unparsed(args, exc)) from None
     config = cli_values.get("config") or os.environ.get("DEVPLUG_CONFIG")
     file_values = _read_config(Path(config)) if config else {}
     # Keyword arguments beat the environment inside BaseSettings, so a file value is passed
@@ -136,6 +140,24 @@ def load_settings(cls: type[S], argv: list[str] | None = None, *, prog: str | No
         return cls(**merged)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, model=cls, spelled=spelled)) from None
+    except SettingsError as exc:  # a DEVPLUG_* variable's JSON that does not parse
+        raise ConfigError(f"invalid setting: {exc}") from None
+
+
+def _unparsed(args: Sequence[str], exc: SettingsError) -> str:
+    """One line for a command-line value the parser could not read (a JSON list or object),
+    naming its flag where one of ``args`` is such a value that is not JSON."""
+    for i, arg in enumerate(args):
+        flag, _, value = arg.partition("=")
+        if not value and i + 1 < len(args):
+            value = args[i + 1]
+        if not flag.startswith("--") or not value.lstrip().startswith(("[", "{")):
+            continue
+        try:
+            json.loads(value)
+        except ValueError:
+            return f"invalid setting {flag}: {value!r} is not valid JSON ({exc})"
+    return f"invalid command line: {exc}"
 
 
 def flag_name(loc: Sequence[int | str]) -> str:

@@ -49,6 +49,23 @@ resources:
 """
 
 CASES = [
+    # A JSON value that does not parse, on the command line or in a DEVPLUG_* variable.
+    Case(
+        "run-json-flag-unclosed",
+        (*RUN, "--api", "dra", "--device-metadata-versions", "[v1beta1"),
+        ("invalid setting --device-metadata-versions: '[v1beta1' is not valid JSON",),
+    ),
+    Case(
+        "run-json-flag-object",
+        (*RUN, "--health={bad"),
+        ("invalid setting --health: '{bad' is not valid JSON",),
+    ),
+    Case(
+        "run-json-env",
+        RUN,
+        ("invalid setting:", 'field "health" from source "EnvSettingsSource"'),
+        env={"DEVPLUG_HEALTH": "{bad"},
+    ),
     # devplug run: the standard runner options, from flags, DEVPLUG_* and --config.
     Case(
         "run-config-missing",
