@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, TypeVar
 import grpc
 
 from devplug.errors import KubeletError
+from devplug.testing._kubelet.pods import PodDevice, PodRef
 from devplug.testing._kubelet.rpc import error_from_rpc
 
 if TYPE_CHECKING:
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
 
     from devplug.models import ContainerAllocation, Device, PluginOptions
     from devplug.testing._kubelet.devices import DeviceManager
+    from devplug.testing._kubelet.pods import Pod, PodLike, PodTable
     from devplug.testing._kubelet.resource import Endpoint, Registration, ResourceView
 
 T = TypeVar("T")
@@ -27,6 +29,7 @@ class KubeletActions:
     """State, waits and device-plugin calls of :class:`FakeKubelet` (see there for error codes)."""
 
     _manager: DeviceManager
+    _pods: PodTable
     pre_start_timeout: float
 
     # -- state ---------------------------------------------------------------------------------
@@ -62,6 +65,40 @@ class KubeletActions:
         """The allocatable count: healthy devices; 0 before the first list and after the stream ended."""
         view = self._manager.resources.get(resource)
         return view.allocatable if view is not None else 0
+
+    # -- pods ----------------------------------------------------------------------------------
+
+    @property
+    def pods(self) -> Mapping[str, Pod]:
+        """The running pods by ``namespace/name``, as the pod-resources API lists them (a live,
+        read-only mapping of immutable records); kept across restarts."""
+        return MappingProxyType(self._pods.pods)
+
+    def end_pod(self, pod: PodLike) -> Pod:
+        """The pod ended: it leaves the table, and the pod-resources API no longer lists it.
+
+        Its claims stay prepared: :meth:`unprepare` them, as the kubelet does once a claim's last
+        pod is gone. The container of a :class:`PodRef` is ignored: the whole pod ends.
+
+        Returns:
+            The pod as it was last listed.
+
+        Raises:
+            KeyError: the pod is not running (the message names those that are).
+            ValueError: ``pod`` is not a pod's name.
+        """
+        ended = self._pods.end(PodRef.of(pod))
+        self._manager.changed()
+        return ended
+
+    def _allocatable_devices(self) -> list[tuple[str, PodDevice]]:
+        """The healthy devices of every resource, with their NUMA nodes, as the kubelet's
+        GetAllocatableDevices gives them: one per device ID (the last listed wins)."""
+        devices: list[tuple[str, PodDevice]] = []
+        for name, view in self._manager.resources.items():
+            table = {device_id: numa for device_id, _, numa in view._last}
+            devices += [(name, PodDevice(i, numa)) for i, numa in table.items() if i in view._healthy]
+        return devices
 
     # -- waits ---------------------------------------------------------------------------------
 
@@ -117,9 +154,10 @@ class KubeletActions:
         """Wait until ``check()`` returns something other than ``None``, and return it.
 
         ``check`` is called at once and again after every change the kubelet sees (a
-        registration, a list, a stream's end, a restart): it should read the state, so that no
-        change between two calls is missed. ``timeout`` ``None`` waits for ever; this is what
-        ``devplug kubelet`` follows the kubelet with.
+        registration, a list, a stream's end, a restart, a pod's devices recorded or the pod
+        ended): it should read the state, so that no change between two calls is missed.
+        ``timeout`` ``None`` waits for ever; this is what ``devplug kubelet`` follows the
+        kubelet with.
 
         Raises:
             TimeoutError: after ``timeout`` seconds.
@@ -185,20 +223,35 @@ class KubeletActions:
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc) from None
 
-    async def allocate(self, resource: str, device_ids: Sequence[str]) -> ContainerAllocation:
+    async def allocate(
+        self, resource: str, device_ids: Sequence[str], *, pod: PodLike | None = None
+    ) -> ContainerAllocation:
         """Allocate ``device_ids`` to one container, as the kubelet does at pod admission.
 
         One ContainerAllocateRequest per call; only the first container response is used.
+        With ``pod`` (``"ns/name"``, ``"name"`` in ``default``, or a :class:`PodRef` naming the
+        container, else ``main``), a successful call records the devices under that container
+        for the pod-resources API, each with the NUMA nodes the resource's device table gives
+        it now, replacing what the container had of ``resource``.
 
         Raises:
             KubeletError: the plugin's error, or ``UNKNOWN`` "no containers return in allocation
                 response ..." when it answered with no container response.
+            ValueError: ``pod`` is not a pod's name (checked before the call).
         """
+        ref = PodRef.of(pod) if pod is not None else None
         responses = await self.allocate_raw(resource, [device_ids])
         if not responses:
             raise KubeletError(
                 f"no containers return in allocation response {_EMPTY_ALLOCATE_RESPONSE}", "UNKNOWN"
             )
+        if ref is not None:
+            view = self._manager.resources.get(resource)
+            table = {device_id: numa for device_id, _, numa in view._last} if view is not None else {}
+            # The kubelet keeps a set of IDs: each device once.
+            ids = dict.fromkeys(device_ids)
+            self._pods.allocated(ref, resource, [PodDevice(i, table.get(i, ())) for i in ids])
+            self._manager.changed()
         return responses[0]
 
     async def allocate_raw(

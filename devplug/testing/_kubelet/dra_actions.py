@@ -17,6 +17,7 @@ from devplug.testing._kubelet.dra_validation import (
     check_unprepare,
     not_registered_error,
 )
+from devplug.testing._kubelet.pods import PodRef
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
         DraRegistration,
         HealthName,
     )
+    from devplug.testing._kubelet.pods import PodLike, PodTable
 
     HealthMap = dict[DeviceKey, HealthName]
 
@@ -49,6 +51,7 @@ class DraActions:
     health_timeout: float = 30.0
     health_retry: float = 5.0
     _dra: DraManager | None
+    _pods: PodTable
 
     @property
     def _dra_manager(self) -> DraManager:
@@ -224,24 +227,47 @@ class DraActions:
         except grpc.aio.AioRpcError as exc:
             raise _wrapped(PREPARE, rpc.rpc_error(PREPARE, exc)) from None
 
-    async def prepare(self, driver: str, claims: Sequence[ClaimLike]) -> dict[str, ClaimResult]:
+    async def prepare(
+        self, driver: str, claims: Sequence[ClaimLike], *, pod: PodLike | None = None
+    ) -> dict[str, ClaimResult]:
         """NodePrepareResources as the kubelet calls it before a pod's sandbox starts; results by claim UID.
 
         One call for all ``claims`` of the driver (as for :meth:`prepare_raw`), on the service chosen
         at registration, with the ``dra_call_timeout`` deadline. The kubelet would skip claims
         it has prepared already; this helper always calls (tests check idempotency with it).
 
+        With ``pod`` (``"ns/name"``, ``"name"`` in ``default``, or a :class:`PodRef` naming the
+        container, else ``main``), a successful call records each claim (name, namespace, UID)
+        with the driver's devices under that container, for the pod-resources API; the
+        driver's devices of a claim recorded before are replaced.
+
         Raises:
             KubeletError: with the kubelet's text (``prepare dynamic resources: ...``): the
                 driver is not registered (``FAILED_PRECONDITION``); the call failed (the
                 driver's status code); the answer has an unknown claim UID, a claim's error, a
                 device without pool or device name, or misses claims (``UNKNOWN``).
+            ValueError: ``pod`` is not a pod's name, or a claim is not in the pod's namespace
+                (a pod uses claims of its own namespace only); checked before the call.
         """
+        ref = PodRef.of(pod) if pod is not None else None
+        if ref is not None:
+            strangers = [f"{ns}/{name}" for ns, name, _ in claims if ns != ref.namespace]
+            if strangers:
+                raise ValueError(
+                    f"claims {', '.join(strangers)} are not in the namespace of pod {ref}: "
+                    "a pod uses claims of its own namespace only"
+                )
         results = await self.prepare_raw(driver, claims)
         problem = check_prepare(claims, results)
         if problem is not None:
             raise KubeletError(_wrap(PREPARE) + problem, "UNKNOWN")
         self._dra_manager.prepared.update(results)
+        if ref is not None:
+            self._pods.prepared(
+                ref,
+                driver,
+                [(ns, name, uid, results[uid].devices if uid in results else ()) for ns, name, uid in claims],
+            )
         self._dra_manager.changed()
         return results
 

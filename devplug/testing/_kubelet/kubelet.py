@@ -20,6 +20,8 @@ from devplug.testing._kubelet.dra_actions import DraActions
 from devplug.testing._kubelet.dra_manager import DraManager
 from devplug.testing._kubelet.dra_validation import DRA_PLUGIN_TYPE
 from devplug.testing._kubelet.dra_watcher import DraRegistrar
+from devplug.testing._kubelet.pod_resources import pod_resources_server
+from devplug.testing._kubelet.pods import PodTable
 from devplug.testing._kubelet.resource import Registration
 from devplug.testing._kubelet.rpc import registration_server
 from devplug.testing._kubelet.validation import (
@@ -32,11 +34,14 @@ from devplug.testing._kubelet.validation import (
 from devplug.testing._kubelet.watcher import PluginWatcher
 
 if TYPE_CHECKING:
-    from types import TracebackType
+    from types import EllipsisType, TracebackType
 
     from devplug.testing._kubeapi.server import FakeKubeAPI
 
 log = structlog.get_logger(__name__)
+
+POD_RESOURCES_SOCKET = "pod-resources/kubelet.sock"
+"""The pod-resources API's socket, relative to the kubelet's root (the device-plugin directory's parent)."""
 
 
 class FakeKubelet(DraActions, KubeletActions):
@@ -63,6 +68,17 @@ class FakeKubelet(DraActions, KubeletActions):
     after it became unusable (no instance connected), unless one connects in time. A restart
     registers the sockets of ``plugins_registry_dir`` afresh and forgets the prepared claims.
 
+    It also serves the kubelet's pod-resources API (``v1.PodResourcesLister``: List, Get,
+    GetAllocatableResources) on ``pod_resources_socket``, from its own pods, as the kubelet does
+    (see :mod:`devplug.testing._kubelet.pod_resources`). A pod is named in the call that gives
+    it devices: ``allocate(..., pod="ns/name")`` records the Allocate under that pod's container
+    (``"name"`` is in ``default``; a :class:`~devplug.testing.PodRef` names the container, else
+    ``main``), ``prepare(..., pod=...)`` the driver's devices of each claim. Without ``pod``
+    nothing is recorded. :meth:`end_pod` ends a pod (it leaves the table, claims stay prepared
+    until :meth:`unprepare`, as in the kubelet once a claim's last pod is gone); :attr:`pods` is
+    the table. Pods survive restarts (their containers keep running), and so do the devices
+    recorded with them, as the kubelet's checkpoints keep them.
+
     Use it as an async context manager (or ``start()``/``stop()``), on anyio's asyncio backend.
     The timeouts the kubelet uses are attributes, so a test may shorten them on an instance:
     ``dial_timeout`` (10 s), ``get_info_timeout`` (1 s), ``pre_start_timeout`` (30 s), and
@@ -80,10 +96,13 @@ class FakeKubelet(DraActions, KubeletActions):
     dialling it. In DRA mode: the start-up wipe is done before the watcher runs (the kubelet
     does it in the background) and acts on the FakeKubeAPI's store directly, so API outages and
     injected faults do not delay it; the health cache is not checkpointed; a relative DRA
-    endpoint is refused at registration (the kubelet would never connect); there are no pods:
-    :meth:`prepare` takes the claims (no claim is read from the API, nothing is skipped as
-    already prepared), and refuses a device without pool or device name (the kubelet stores it
-    as it comes).
+    endpoint is refused at registration (the kubelet would never connect); pods are not read
+    from the API: :meth:`prepare` takes the claims (no claim is read from the API, nothing is
+    skipped as already prepared), and refuses a device without pool or device name (the
+    kubelet stores it as it comes). A pod exists only as the test names it (see above): the
+    pod-resources API lists only the containers that got devices, and an :meth:`unprepare` of
+    a claim a listed pod still uses leaves it listed (the kubelet unprepares only claims no
+    running pod uses).
 
     Attributes:
         device_plugin_dir: the absolute device-plugin directory.
@@ -91,6 +110,7 @@ class FakeKubelet(DraActions, KubeletActions):
         plugins_registry_dir: the absolute plugin-watcher directory, or ``None``.
         sync_register: kubelet >= 1.26 behaviour (``True``) or <= 1.25 (``False``).
         node_name: the node whose ResourceSlices the DRA mode wipes.
+        pod_resources_socket: the absolute path the pod-resources API is served on, or ``None``.
     """
 
     dial_timeout: float = 10.0
@@ -107,6 +127,7 @@ class FakeKubelet(DraActions, KubeletActions):
         dra: bool = False,
         kube_api: FakeKubeAPI | None = None,
         node_name: str = "node-1",
+        pod_resources_socket: Path | str | EllipsisType | None = ...,
     ) -> None:
         """Prepare a kubelet for ``device_plugin_dir``; nothing is created until ``start()``.
 
@@ -114,6 +135,9 @@ class FakeKubelet(DraActions, KubeletActions):
             dra: also be the DRA manager (needs ``plugins_registry_dir``).
             kube_api: the API server whose ResourceSlices of ``node_name`` the DRA manager wipes.
             node_name: this kubelet's node.
+            pod_resources_socket: where to serve the pod-resources API; by default the
+                kubelet's ``<root>/pod-resources/kubelet.sock``, the root being the parent of
+                ``device_plugin_dir``; ``None``: not served.
 
         Raises:
             ValueError: a socket path would exceed the 107 bytes AF_UNIX allows; DRA mode
@@ -122,6 +146,13 @@ class FakeKubelet(DraActions, KubeletActions):
         self.device_plugin_dir = Path(device_plugin_dir).absolute()
         self.socket_path = self.device_plugin_dir / KUBELET_SOCKET
         check_unix_path(str(self.socket_path))
+        if pod_resources_socket is ...:
+            pod_resources_socket = self.device_plugin_dir.parent / POD_RESOURCES_SOCKET
+        self.pod_resources_socket = (
+            Path(pod_resources_socket).absolute() if pod_resources_socket is not None else None
+        )
+        if self.pod_resources_socket is not None:
+            check_unix_path(str(self.pod_resources_socket))
         self.plugins_registry_dir = Path(plugins_registry_dir).absolute() if plugins_registry_dir else None
         if self.plugins_registry_dir is not None:
             check_unix_path(str(self.plugins_registry_dir / "x.sock"))
@@ -133,7 +164,9 @@ class FakeKubelet(DraActions, KubeletActions):
         self.node_name = node_name
         self._dra = DraManager(self, kube_api, node_name) if dra else None
         self._manager = DeviceManager()
+        self._pods = PodTable()
         self._server: grpc.aio.Server | None = None
+        self._pod_resources_server: grpc.aio.Server | None = None
         self._service: asyncio.Task[None] | None = None
         self._stopping: anyio.Event | None = None
 
@@ -153,7 +186,8 @@ class FakeKubelet(DraActions, KubeletActions):
 
         Every socket in the device-plugin directory is deleted (the checkpoint file is kept),
         so plugins from before must register again. Sockets already in ``plugins_registry_dir``
-        are picked up by the watcher.
+        are picked up by the watcher. The pod-resources API is served (its directory created,
+        a socket left there replaced) before ``kubelet.sock`` appears.
         """
         if self._server is not None:
             raise RuntimeError("FakeKubelet is already running")
@@ -180,11 +214,23 @@ class FakeKubelet(DraActions, KubeletActions):
             # starts cannot be stopped (its shutdown raises InvalidStateError), which a Ctrl-C
             # ending `devplug demo --dra` at that moment showed as "failed: invalid state".
             with anyio.CancelScope(shield=True):
+                if self.pod_resources_socket is not None:
+                    # The kubelet's directory mode; its listener replaces a socket left there.
+                    self.pod_resources_socket.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+                    self._pod_resources_server = pod_resources_server(
+                        str(self.pod_resources_socket), self._pods, self._allocatable_devices
+                    )
+                    await self._pod_resources_server.start()
                 await server.start()
         except BaseException:
             await self.stop()
             raise
-        log.info("kubelet_started", socket=str(self.socket_path), sync_register=self.sync_register)
+        log.info(
+            "kubelet_started",
+            socket=str(self.socket_path),
+            sync_register=self.sync_register,
+            pod_resources=str(self.pod_resources_socket),
+        )
 
     async def _serve(self, stopping: anyio.Event, ready: anyio.Event) -> None:
         try:
@@ -213,16 +259,21 @@ class FakeKubelet(DraActions, KubeletActions):
             ready.set()
 
     async def stop(self, *, crash: bool = False) -> None:
-        """Stop serving, close every plugin connection (their streams end), remove ``kubelet.sock``.
+        """Stop serving, close every plugin connection (their streams end), remove ``kubelet.sock``
+        and the pod-resources socket.
 
         With ``crash``, ``kubelet.sock`` stays behind, dead, as after a killed kubelet (the next
-        start removes it). Safe to call twice, and from any task.
+        start removes it), and so does the pod-resources socket. The pods are kept (see
+        :meth:`restart`). Safe to call twice, and from any task.
         """
         server, self._server = self._server, None
         if server is None:
             return
         with anyio.CancelScope(shield=True):
             await server.stop(None)
+            pod_resources, self._pod_resources_server = self._pod_resources_server, None
+            if pod_resources is not None:
+                await pod_resources.stop(None)
             if self._stopping is not None:
                 self._stopping.set()
             service, self._service = self._service, None
@@ -233,16 +284,23 @@ class FakeKubelet(DraActions, KubeletActions):
                 await self._dra.close_all()
             if not crash:
                 self.socket_path.unlink(missing_ok=True)
+            if self.pod_resources_socket is not None and pod_resources is not None:
+                if crash:
+                    _leave_dead_socket(self.pod_resources_socket)
+                else:
+                    self.pod_resources_socket.unlink(missing_ok=True)
         log.info("kubelet_stopped", socket=str(self.socket_path))
 
     async def restart(self, *, downtime: float = 0.0, crash: bool = False) -> None:
         """Restart like a kubelet: stop, forget every resource, delete the sockets, start afresh.
 
         Plugins see ``kubelet.sock`` deleted, their own sockets deleted, and (after ``downtime``
-        seconds) a new ``kubelet.sock`` created, and must register again. Note that the file
-        system may give the new ``kubelet.sock`` the old one's inode number (ext4 does): detect
-        restarts by inotify, not by comparing inodes. With ``crash``, the old ``kubelet.sock``
-        stays, dead, until the new kubelet starts (a killed kubelet leaves it behind).
+        seconds) a new ``kubelet.sock`` created, and must register again. The pods keep running
+        with their devices: the pod-resources API lists them again once it is back. Note that
+        the file system may give the new ``kubelet.sock`` the old one's inode number (ext4
+        does): detect restarts by inotify, not by comparing inodes. With ``crash``, the old
+        ``kubelet.sock`` stays, dead, until the new kubelet starts (a killed kubelet leaves it
+        behind), and so does the pod-resources socket.
         """
         await self.stop(crash=crash)
         self._manager.reset()
@@ -311,6 +369,18 @@ class FakeKubelet(DraActions, KubeletActions):
                 serving_at_register=serving,
             )
         )
+
+
+def _leave_dead_socket(path: Path) -> None:
+    # What a killed server leaves: a socket file nobody listens on (gRPC removes its own at
+    # shutdown, so one is bound and closed in its place).
+    if path.exists() or path.is_symlink():
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
+        try:
+            dead.bind(str(path))
+        except OSError as exc:  # the directory went meanwhile
+            log.debug("dead_socket_not_left", socket=str(path), error=str(exc))
 
 
 def _accepts_connections(path: str) -> bool:
