@@ -11,20 +11,21 @@ import sys
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from devplug._device_plugin.runner import Plugins, PluginSource, Runner
+from devplug._device_plugin.runner import DevicePluginService, Plugins, PluginSource, Runner
 from devplug._extras import require_dra
 from devplug._names import is_dns_subdomain
-from devplug._runtime.host import as_list
+from devplug._runtime.host import Host, as_list
 from devplug._runtime.signals import install_signals, run_async
+from devplug._settings_groups import BOTH_APIS
 from devplug.errors import ConfigError
 from devplug.logging import configure as configure_logging
 from devplug.plugin import DevicePlugin
 from devplug.settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Sequence
 
-    from devplug._runtime.host import Host, Readiness, Reload
+    from devplug._runtime.host import Readiness, Reload
 
 S = TypeVar("S", bound=Settings)
 
@@ -81,8 +82,8 @@ def run(
 
 def _with_defaults(settings: S, *, api: str | None, driver_name: str | None) -> S:
     update: dict[str, Any] = {}
-    if api is not None:
-        update["api"] = api
+    if api is not None and not (api == "dra" and settings.api == BOTH_APIS):
+        update["api"] = api  # (devplug.dra.run's "dra" keeps both APIs where both are asked)
     if driver_name is not None and settings.driver_name is None:
         if not is_dns_subdomain(driver_name, 63):
             raise ConfigError(f"invalid setting --driver-name: {driver_name!r} is not a DNS subdomain")
@@ -104,14 +105,52 @@ def host_for(
             node name, no plugins.
         MissingExtraError: ``api=dra`` without the ``dra`` extra.
     """
-    if settings.api != "dra":
+    if settings.withhold_device_plugin_pods and settings.api == "device-plugin":
+        raise ConfigError(
+            "--withhold-device-plugin-pods is for --api dra (a node moving to DRA); "
+            "--api device-plugin,dra keeps the holders of both APIs by itself"
+        )
+    if settings.api == "device-plugin":
         return Runner(plugins, settings, readiness=readiness, reload=reload)
     require_dra()
     from devplug._dra.driver import DraDriver
 
     if isinstance(plugins, PluginSource):
         raise ConfigError("a PluginSource cannot be served as a DRA driver; pass the plugins themselves")
-    return DraDriver(as_list(plugins), settings, readiness=readiness, reload=reload)
+    if settings.api == "dra":
+        return DraDriver(as_list(plugins), settings, readiness=readiness, reload=reload)
+    return DualHost(as_list(plugins), settings, readiness=readiness, reload=reload)
+
+
+class DualHost(Host):
+    """Serves plugins through the device-plugin API and DRA at once (``api=device-plugin,dra``),
+    from the same plugin objects, with one ledger of who holds which device.
+
+    ``dra`` is the DRA service (its driver, inventory, publisher, checkpoint), ``device_plugin``
+    the device-plugin one (its ``resources``), ``ledger`` the holders: a device a pod holds
+    through one API is withheld from the other until it is free.
+
+    Raises:
+        ConfigError: as :class:`devplug.dra.DraDriver` (no node name, no plugins, ...).
+        MissingExtraError: without the ``dra`` extra.
+    """
+
+    def __init__(
+        self,
+        plugins: Sequence[DevicePlugin],
+        settings: Settings,
+        *,
+        readiness: Iterable[Readiness] = (),
+        reload: Reload | None = None,
+    ) -> None:
+        require_dra()
+        from devplug._dra.driver import DraService
+        from devplug._runtime.ledger import Ledger
+
+        self.ledger = Ledger()
+        self.dra = DraService(plugins, settings, ledger=self.ledger)
+        self.device_plugin = DevicePluginService(list(plugins), settings, ledger=self.ledger)
+        super().__init__([self.dra, self.device_plugin], settings, readiness=readiness, reload=reload)
 
 
 async def serve(

@@ -24,6 +24,7 @@ from devplug._names import is_dns_subdomain
 from devplug.health import HealthSettings
 
 __all__ = [
+    "BOTH_APIS",
     "GROUPS",
     "ApiGroup",
     "CdiGroup",
@@ -61,13 +62,51 @@ class SettingsGroup(BaseModel):
     model_config = SettingsConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
+BOTH_APIS = "device-plugin,dra"
+"""The ``api`` value that serves the devices through both APIs, with one ledger of holders."""
+
+
 class ApiGroup(SettingsGroup):
     """Which Kubernetes API the devices are served through."""
 
-    api: Literal["device-plugin", "dra"] = "device-plugin"
+    api: Literal["device-plugin", "dra", "device-plugin,dra"] = "device-plugin"
     """Which Kubernetes API serves the devices: device-plugin (extended resources through the
-    kubelet's device manager) or dra (Dynamic Resource Allocation: ResourceSlices published
-    through the API server, claims prepared for the kubelet; Kubernetes >= 1.34)."""
+    kubelet's device manager), dra (Dynamic Resource Allocation: ResourceSlices published
+    through the API server, claims prepared for the kubelet; Kubernetes >= 1.34), or
+    device-plugin,dra: both from one process, a device given through one withheld from the
+    other until it is free (the kubelet's pod-resources API says which pods hold what)."""
+    withhold_device_plugin_pods: bool = False
+    """api=dra: keep every device that a running pod holds through a device plugin (the
+    kubelet's pod-resources API says which) out of the slices until that pod ends: a node moves
+    from a device plugin to DRA without draining (stop the device plugin, start the driver)."""
+    pod_resources_interval: _Seconds = 10.0
+    """Seconds between two reads of the kubelet's pod-resources API, when it is followed (both
+    APIs served, or a node moving to DRA); it is also read soon after every Allocate."""
+
+    @field_validator("api", mode="before")
+    @classmethod
+    def _api_list(cls, value: Any) -> Any:
+        # "dra,device-plugin", "dra, device-plugin" and "both" name the same thing.
+        if isinstance(value, str):
+            parts = sorted({p.strip() for p in value.split(",") if p.strip()})
+            if value.strip() == "both" or parts == ["device-plugin", "dra"]:
+                return BOTH_APIS
+        return value
+
+    @property
+    def serves_device_plugin(self) -> bool:
+        """Whether the device-plugin API is served (alone or beside DRA)."""
+        return self.api != "dra"
+
+    @property
+    def serves_dra(self) -> bool:
+        """Whether DRA is served (alone or beside the device-plugin API)."""
+        return self.api != "device-plugin"
+
+    @property
+    def keeps_ledger(self) -> bool:
+        """Whether the holders of both APIs are followed (both APIs, or the migration mode)."""
+        return self.api == BOTH_APIS or (self.api == "dra" and self.withhold_device_plugin_pods)
 
 
 class KubeletGroup(SettingsGroup):
@@ -108,6 +147,11 @@ class KubeletGroup(SettingsGroup):
     @property
     def kubelet_socket_path(self) -> Path:
         return self.kubelet_socket or self.device_plugin_dir / "kubelet.sock"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        """``<kubelet_root>/pod-resources/kubelet.sock``: the kubelet's pod-resources API."""
+        return self.kubelet_root / "pod-resources" / "kubelet.sock"
 
 
 class RegistrationGroup(SettingsGroup):

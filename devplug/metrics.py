@@ -29,6 +29,8 @@ Metrics (labels in brackets)::
     devplug_ready                        gauge      []                  what /readyz answers
     devplug_reloads_total                counter    [result]            SIGHUP: applied / failed
     devplug_nvidia_xid_events_total      counter    [xid, verdict]      devplug-nvidia only
+    devplug_devices_held                 gauge      [driver, api]       both APIs: held per API
+    devplug_device_conflicts_total       counter    [driver, side]      both APIs: refused
 
 plus prometheus-client's process_* and python_* metrics.
 """

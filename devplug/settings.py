@@ -277,9 +277,12 @@ def word_metavars(parser: argparse.ArgumentParser) -> None:
     """Replace the type names pydantic-settings uses as placeholders with words (DIR, SECONDS...)."""
     for action in parser._actions:
         metavar = action.metavar
+        name = action.dest.rpartition(".")[2]
+        if name == "api":  # its choices would read {device-plugin,dra,device-plugin,dra}; the help names them
+            action.metavar = "API"
+            continue
         if not isinstance(metavar, str) or metavar.startswith("{"):
             continue  # choices stay listed: {auto,json,console}
-        name = action.dest.rpartition(".")[2]
         if name in _METAVAR_BY_NAME:
             action.metavar = _METAVAR_BY_NAME[name]
         elif metavar == "Path" and name.endswith(("_dir", "_root")):

@@ -15,6 +15,8 @@ def not_ready_reason(runner: ResourceRunner) -> str | None:
     status = runner.status
     if runner.state.current.version == 0:
         return "waiting for the plugin's first device list"
+    if runner.ledger is not None and not runner.ledger.ready:
+        return "waiting for the device holders of both APIs"
     if not status.registered:
         return f"not registered ({status.last_error})" if status.last_error else "not registered"
     if status.stats.lists_sent == 0:

@@ -39,10 +39,12 @@ from devplug._runtime.feed import feed_devices
 from devplug._runtime.sockets import SocketServer, SocketUnavailableError, file_identity, unique_socket_name
 from devplug._runtime.state import DeviceState
 from devplug.errors import RegistrationError
+from devplug.models import Health
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
 
+    from devplug._runtime.ledger import Ledger
     from devplug._runtime.watch import DirWatcher
     from devplug.models import Device
     from devplug.plugin import DevicePlugin
@@ -82,11 +84,18 @@ class ResourceRunner:
         *,
         counters: ResourceCounters | None = None,
         first_reason: RestartReason = "start",
+        ledger: Ledger | None = None,
     ) -> None:
         self.plugin = plugin
         self.settings = settings
         self.watcher = watcher
         self.state = DeviceState()
+        """The devices as the plugin lists them."""
+        self.ledger = ledger
+        self.served = DeviceState() if ledger is not None else self.state
+        """The devices as the kubelet is sent them: with a ledger (both APIs served), those
+        held through DRA are Unhealthy (the kubelet neither counts nor assigns them)."""
+        self._stop_listening: Callable[[], None] | None = None
         self.counters = counters if counters is not None else ResourceCounters(plugin.resource_name)
         self._first_reason: RestartReason = first_reason
         # The history is the counters' list: a restarted resource keeps it.
@@ -99,9 +108,15 @@ class ResourceRunner:
         self._cdi = (
             CdiSync(plugin, settings.cdi_dir, self._log) if overrides(type(plugin), "cdi_spec") else None
         )
-        self._rivals = RivalWatch(plugin.resource_name, watcher.path, self._log)
+        # The directory of its sockets (the host's watch may cover others: a DRA driver's too).
+        watcher_mode = settings.registration == "watcher"
+        self.socket_dir = settings.plugins_registry_dir if watcher_mode else settings.device_plugin_dir
+        self._rivals = RivalWatch(plugin.resource_name, self.socket_dir, self._log)
 
     async def run(self) -> None:
+        ledger = self.ledger
+        if ledger is not None:
+            self._stop_listening = ledger.listen(self._mask)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._feed_devices)
@@ -111,6 +126,11 @@ class ResourceRunner:
                 if self.state.current.version == 0:
                     self._log.info("waiting_for_devices")
                 await self.state.newer_than(0)
+                if ledger is not None and not ledger.ready:
+                    # Both APIs: no device is offered before the holders of both are known.
+                    self._log.info("waiting_for_holders")
+                    await ledger.changes.wait_for(lambda _: True if ledger.ready else None)
+                    self._mask()
                 if self.settings.registration == "watcher":
                     await self._run_watcher_mode()
                 else:
@@ -121,6 +141,22 @@ class ResourceRunner:
             if self._cdi is not None and self.plugin.remove_cdi_spec_on_stop:
                 self._cdi.remove()
             raise
+        finally:
+            if self._stop_listening is not None:
+                self._stop_listening()
+                self._stop_listening = None
+
+    def _mask(self) -> None:
+        """Publish the served set: the plugin's, with the devices DRA holds Unhealthy."""
+        ledger = self.ledger
+        if ledger is None or self.state.current.version == 0:
+            return
+        resource = self.plugin.resource_name
+        served = []
+        for device in self.state.current.devices:
+            why = ledger.from_plugin(resource, device.id)
+            served.append(device if why is None else device.with_health(Health.UNHEALTHY, str(why)))
+        self.served.publish(served)
 
     # -- devices ------------------------------------------------------------------------------
 
@@ -150,6 +186,7 @@ class ResourceRunner:
             self._log.error("invalid_device_list", error=str(exc))
             return
         self.counters.count_transitions(before, self.state.current)
+        self._mask()
         if changed:
             snapshot = self.state.current
             self._log.info(
@@ -166,14 +203,15 @@ class ResourceRunner:
         """A fresh server on a new socket name in the watched directory; stopped on exit."""
         name = unique_socket_name(self.plugin.resource_name)
         self._rivals.own.add(name)  # before it exists: its creation is no rival's
-        path = self.watcher.path / name
+        path = self.socket_dir / name
         service = DevicePluginService(
             self.plugin,
-            self.state,
+            self.served,
             self._log.bind(socket=name),
             host_path_check=self.settings.host_path_check,
             host_root=self.settings.host_root,
             counters=self.counters,
+            ledger=self.ledger,
         )
         self.status.stats = service.stats
         watcher_service = None
@@ -211,7 +249,7 @@ class ResourceRunner:
                 self._log.info("waiting_for_kubelet", kubelet_socket=str(kubelet))
                 await self.watcher.wait_for(lambda: file_identity(kubelet))
             # The kubelet creates the sockets' directory (the watcher says when it is missing).
-            await self.watcher.wait_present(self.watcher.path)
+            await self.watcher.wait_present(self.socket_dir)
             try:
                 async with self._serving(plugin_watcher=False) as server:
                     reason = await self._register_and_watch(server, reason)
@@ -222,7 +260,7 @@ class ResourceRunner:
 
     async def _run_watcher_mode(self) -> None:
         while True:
-            await self.watcher.wait_present(self.watcher.path)
+            await self.watcher.wait_present(self.socket_dir)
             try:
                 async with self._serving(plugin_watcher=True) as server:
                     reason = await self._watcher_restart(server)

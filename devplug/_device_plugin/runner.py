@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup, TaskStatus
     from prometheus_client.registry import Collector
 
+    from devplug._runtime.ledger import Ledger
     from devplug.models import Device
 
 log = structlog.get_logger("devplug.runner")
@@ -78,9 +79,11 @@ class DevicePluginService:
 
     fixed_settings = FIXED_SETTINGS
 
-    def __init__(self, plugins: Plugins, settings: Settings) -> None:
+    def __init__(self, plugins: Plugins, settings: Settings, *, ledger: Ledger | None = None) -> None:
         self.plugins = plugins
         self.settings = settings
+        self.ledger = ledger
+        """Both APIs served: the holders of both (devices DRA holds are reported Unhealthy)."""
         self.counters: dict[str, ResourceCounters] = {}
         """What each resource name has counted since the process started (metrics)."""
         self._running: dict[str, _Running] = {}
@@ -205,7 +208,9 @@ class DevicePluginService:
                 continue
             counters = self.counters.setdefault(name, ResourceCounters(name))
             reason: RestartReason = "replaced" if name in changes["restarted"] else "start"
-            runner = ResourceRunner(plugin, self.settings, watcher, counters=counters, first_reason=reason)
+            runner = ResourceRunner(
+                plugin, self.settings, watcher, counters=counters, first_reason=reason, ledger=self.ledger
+            )
             done = anyio.Event()
             scope = await tg.start(self._run_resource, runner, done)
             self._running[name] = _Running(plugin, runner, scope, done)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
     from pathlib import Path
 
+    from devplug._runtime.ledger import Ledger
     from devplug._runtime.state import DeviceState, Snapshot
     from devplug.checks import CheckMode
     from devplug.models import Device
@@ -103,9 +104,11 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         host_path_check: CheckMode = "warn",
         host_root: Path | str = "/",
         counters: ResourceCounters | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         self._plugin = plugin
         self._state = state
+        self._ledger = ledger
         self._log = log
         self._host_path_check: CheckMode = host_path_check
         self._host_root = host_root
@@ -260,6 +263,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             devices, unknown = self._devices(ids)
             if unknown:
                 await self._reject(context, "allocate", ids, unknown)
+            if self._ledger is not None:
+                await self._held_through_dra(context, ids)
             try:
                 allocation = await self._plugin.allocate(devices)
                 response = _convert.allocation_to_pb(allocation)
@@ -294,6 +299,25 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             self._log.exception("pre_start_container_failed", devices=ids, error=str(exc))
             await context.abort(grpc.StatusCode.INTERNAL, f"pre_start_container failed for {ids}: {exc}")
         return pb.PreStartContainerResponse()
+
+    async def _held_through_dra(self, context: grpc.aio.ServicerContext[Any, Any], ids: list[str]) -> None:
+        """Refuse devices DRA holds (the last step of a race: the stream reports them Unhealthy
+        as soon as the claim is known); else record them as given, before any await, so a
+        prepare that comes next sees them."""
+        ledger = self._ledger
+        assert ledger is not None
+        for device_id in ids:
+            why = ledger.from_plugin(self._resource, device_id)
+            if why is not None:
+                if ledger.refused("allocate", f"{self._resource}/{device_id}", why):
+                    self._log.warning(
+                        "allocate_refused_held", device=device_id, holder=why.holder, api=why.api
+                    )
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"device {device_id} of resource {self._resource} is {why}",
+                )
+        ledger.allocated(self._resource, ids)
 
     async def _reject(
         self, context: grpc.aio.ServicerContext[Any, Any], call: str, ids: list[str], unknown: list[str]

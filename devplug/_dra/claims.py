@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from devplug._dra.inventory import Inventory
     from devplug._dra.metadata import MetadataPlan, MetadataRemoval
     from devplug._resource_claim import ResourceClaimDict
+    from devplug._runtime.ledger import Ledger
     from devplug.cdi import CdiSpec
     from devplug.checks import CheckMode
     from devplug.models import ContainerAllocation, Device
@@ -103,8 +104,12 @@ class Preparer:
         host_root: Path | str = "/",
         metadata: MetadataOptions | None = None,
         status: StatusWriter | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         self.driver = driver
+        self.ledger = ledger
+        """Both APIs (or the migration mode): a device held through the device plugin is
+        refused; the claims prepared are recorded in it."""
         self.node = node
         self.inventory = inventory
         self.checkpoint = checkpoint
@@ -217,6 +222,7 @@ class Preparer:
         own_spec: CdiSpecFile | None = None  # a spec file a prepare_claim hook handed over
         done_by: list[DevicePlugin] = []  # the plugins whose part of the claim is done
         stamp = _now()  # the reported conditions' lastTransitionTime
+        self._hold(ref, devices)
         try:
             for key, group in by_plugin.items():
                 plugin = plugins[key]
@@ -285,6 +291,8 @@ class Preparer:
                     f"claim {ref}: device {name} is not one of driver {self.driver}'s devices on {self.node}"
                 )
             others = holders.get(name, [])
+            if not result.admin_access and self.ledger is not None:
+                self._refuse_if_held(ref, name)
             if not result.admin_access:
                 _check_share(ref, entry.device, name, result, others)
                 # Later results of this claim weigh this one too (a claim may have two shares).
@@ -312,6 +320,30 @@ class Preparer:
                 )
             )
         return out
+
+    def _hold(self, ref: ClaimRef, devices: list[AllocatedDevice]) -> None:
+        """Record the claim's devices in the ledger, before any await: an Allocate that comes
+        meanwhile sees them held."""
+        if self.ledger is not None:
+            held = [d.name for d in devices if not d.admin_access]
+            self.ledger.prepared(ref.uid, f"{ref.namespace}/{ref.name}", held)
+
+    def _refuse_if_held(self, ref: ClaimRef, name: str) -> None:
+        """Refuse a device a pod holds through the device-plugin API (the last step of a race:
+        the slices carry a taint as soon as the holder is known).
+
+        Raises:
+            ClaimError: naming the pod that holds it.
+        """
+        assert self.ledger is not None
+        why = self.ledger.from_dra(name)
+        if why is None:
+            return
+        if self.ledger.refused("prepare", name, why):
+            self._log.warning(
+                "prepare_refused_held", claim=str(ref), device=name, holder=why.holder, api=why.api
+            )
+        raise ClaimError(f"claim {ref}: device {name} is {why}")
 
     async def _default(
         self,
@@ -545,6 +577,8 @@ class Preparer:
             await plugin.release_device(name)
         # One trip to a worker thread: the spec goes, then the checkpoint that recorded it.
         await anyio.to_thread.run_sync(self._forget, ref, record)
+        if self.ledger is not None:
+            self.ledger.unprepared(ref.uid)
         if self._status is not None and any(d.status is not None for d in record.devices):
             self._status.withdraw(ref)
         self._log.info("claim_unprepared", claim=str(ref), uid=ref.uid)
@@ -600,6 +634,8 @@ class Preparer:
         """Roll back a prepare that failed before it was recorded: ``unprepare_claim`` of each of
         ``plugins`` (last first), then the spec file. A failing hook is logged, not raised: the
         prepare's own error is the one the kubelet must see."""
+        if self.ledger is not None:
+            self.ledger.unprepared(ref.uid)
         claim = Claim(uid=ref.uid, namespace=ref.namespace, name=ref.name)
         steps: list[tuple[str, Callable[[], Awaitable[None]], dict[str, str]]] = [
             ("unprepare_claim", partial(p.unprepare_claim, claim), {"resource": p.resource_name})

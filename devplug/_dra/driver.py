@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -29,6 +30,7 @@ import structlog
 
 from devplug._dra.checkpoint import FILE_NAME, Checkpoint
 from devplug._dra.claim_status import StatusWriter
+from devplug._dra.claim_watch import follow_claims
 from devplug._dra.claims import ClaimError, MetadataOptions, Preparer
 from devplug._dra.inventory import Inventory
 from devplug._dra.kube import KubeError, load_client
@@ -50,6 +52,8 @@ from devplug._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug._proto.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
 from devplug._runtime.feed import feed_devices
 from devplug._runtime.host import Host, Readiness, Reload, retry_forever
+from devplug._runtime.ledger import Ledger
+from devplug._runtime.podresources import follow_pods
 from devplug._runtime.sockets import (
     MAX_SOCKET_PATH,
     SocketServer,
@@ -70,6 +74,7 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup, TaskStatus
     from prometheus_client.registry import Collector
 
+    from devplug._dra.inventory import Entry
     from devplug._dra.kube import Kube
     from devplug.models import Device
     from devplug.plugin import DevicePlugin
@@ -95,7 +100,12 @@ class DraService:
     fixed_settings = FIXED_SETTINGS
 
     def __init__(
-        self, plugins: Sequence[DevicePlugin], settings: Settings, *, kube: Kube | None = None
+        self,
+        plugins: Sequence[DevicePlugin],
+        settings: Settings,
+        *,
+        kube: Kube | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         if not plugins:
             raise ConfigError("a DRA driver needs at least one plugin")
@@ -121,6 +131,8 @@ class DraService:
         self.publisher: SlicePublisher | None = None
         self.status_writer: StatusWriter | None = None
         """Writes the claims' ``status.devices`` entries that prepared devices report."""
+        self.ledger = ledger
+        """Both APIs (or the migration mode): who holds which device through either API."""
         self._kube = kube
         self._own_kube = False
         self._preparer: Preparer | None = None
@@ -160,6 +172,8 @@ class DraService:
         reasons = []
         if self.checkpoint.error:
             reasons.append(self.checkpoint.error)
+        if self.ledger is not None and not self.ledger.ready:
+            reasons.append(_unknown_holders(self.ledger))
         if not self.registered:
             reasons.append(
                 f"not registered: {self.registration_error}" if self.registration_error else "not registered"
@@ -179,10 +193,7 @@ class DraService:
             "dra_socket": str(self.dra_socket),
             "registration_socket": str(self.registration_socket),
             "registered": self.registered,
-            "devices": [
-                {"name": e.name, "id": e.device.id, "resource": e.resource, "health": e.device.health.value}
-                for e in self.inventory.current.entries
-            ],
+            "devices": [self._device_state(e) for e in self.inventory.current.entries],
             "slices": {
                 "in_sync": publisher.in_sync if publisher else False,
                 "count": publisher.slices if publisher else 0,
@@ -203,7 +214,20 @@ class DraService:
                 f"{c.namespace}/{c.name} ({uid})" for uid, c in self.checkpoint.claims.items()
             ),
             "checkpoint_error": self.checkpoint.error,
+            **({"ledger": self.ledger.state()} if self.ledger is not None else {}),
         }
+
+    def _device_state(self, entry: Entry) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": entry.name,
+            "id": entry.device.id,
+            "resource": entry.resource,
+            "health": entry.device.health.value,
+        }
+        if self.ledger is not None:
+            holder = self.ledger.holder(entry.resource, entry.device.id)
+            out["holder"] = None if holder is None else {"api": holder.api, "by": holder.holder}
+        return out
 
     def collectors(self) -> list[Collector]:
         from devplug._dra.metrics import DraCollector
@@ -245,6 +269,7 @@ class DraService:
             inventory=self.inventory,
             log=self._log,
             list_attributes=self.settings.list_attributes,
+            ledger=self.ledger,
         )
         self.status_writer = StatusWriter(kube, self.driver, self._log)
         self._preparer = Preparer(
@@ -264,7 +289,12 @@ class DraService:
                 enabled=self.settings.device_metadata,
             ),
             status=self.status_writer,
+            ledger=self.ledger,
         )
+        if self.ledger is not None:
+            for uid, claim in self.checkpoint.claims.items():
+                names = [d.device for d in claim.devices if not d.admin_access]
+                self.ledger.prepared(uid, f"{claim.namespace}/{claim.name}", names)
 
     def _claim_sockets(self) -> None:
         """Hold this instance's lock, or refuse to start: a second copy on the same sockets would
@@ -310,11 +340,20 @@ class DraService:
             tg.start_soon(publisher.run)
             if self.status_writer is not None:
                 tg.start_soon(self.status_writer.run)
+            ledger = self.ledger
+            if ledger is not None:
+                self._follow_holders(tg, ledger)
             if not self.inventory.current.complete:
                 self._log.info("waiting_for_devices")
             await self.inventory.newer_than(0)
             while not self.inventory.current.complete:
                 await self.inventory.newer_than(self.inventory.current.version)
+            if ledger is not None and not ledger.ready:
+                # Nothing is served before the holders of both APIs are known (a restart
+                # rebuilds them from pod-resources, the checkpoint and the API server).
+                self._log.info("waiting_for_holders", why=_unknown_holders(ledger))
+                await ledger.changes.wait_for(lambda _: True if ledger.ready else None)
+                self._log.info("holders_known", **ledger.counts())
             started = [task_status]
 
             async def serve_sockets() -> None:
@@ -362,6 +401,29 @@ class DraService:
 
     # -- running --------------------------------------------------------------------------------
 
+    def _follow_holders(self, tg: TaskGroup, ledger: Ledger) -> None:
+        """Feed the ledger: the pods' devices from pod-resources and, where the device-plugin API
+        is served beside, the claims allocated from this pool."""
+        settings = self.settings
+        tg.start_soon(
+            partial(
+                follow_pods,
+                settings.pod_resources_socket,
+                ledger,
+                interval=settings.pod_resources_interval,
+                log=self._log,
+            )
+        )
+        if settings.serves_device_plugin:
+            assert self._kube is not None, "open() first"
+            tg.start_soon(follow_claims, self._kube, self.driver, self.node, ledger, self._log)
+        else:
+            ledger.claims({})  # DRA alone: no other side to withhold devices from
+
+    def _devices_to_ledger(self) -> None:
+        if self.ledger is not None:
+            self.ledger.set_devices((e.name, e.resource, e.device) for e in self.inventory.current.entries)
+
     async def _feed(self, index: int, *, task_status: TaskStatus[anyio.CancelScope]) -> None:
         plugin = self.inventory.plugins[index]
         plog = self._log.bind(resource=plugin.resource_name)
@@ -369,6 +431,7 @@ class DraService:
         async def publish(devices: tuple[Device, ...]) -> int:
             try:
                 if self.inventory.update(index, devices):
+                    self._devices_to_ledger()
                     snapshot = self.inventory.current
                     plog.info(
                         "devices_changed",
@@ -426,6 +489,15 @@ class DraService:
             self._host.record(event, **fields)
 
 
+def _unknown_holders(ledger: Ledger) -> str:
+    missing = []
+    if not ledger.pods_read:
+        missing.append("the kubelet's pod-resources API not read yet")
+    if not ledger.claims_read:
+        missing.append("the claims not listed yet")
+    return f"waiting for the device holders: {', '.join(missing)}"
+
+
 class DraDriver(Host):
     """Serves plugins as one DRA driver on one node until cancelled; see :func:`devplug.dra.serve`.
 
@@ -450,7 +522,9 @@ class DraDriver(Host):
         readiness: Iterable[Readiness] = (),
         reload: Reload | None = None,
     ) -> None:
-        self.service = DraService(plugins, settings, kube=kube)
+        # --withhold-device-plugin-pods: the device-plugin pods' devices are followed too.
+        ledger = Ledger() if settings.keeps_ledger else None
+        self.service = DraService(plugins, settings, kube=kube, ledger=ledger)
         super().__init__([self.service], settings, readiness=readiness, reload=reload)
 
     @property

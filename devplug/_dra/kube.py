@@ -140,6 +140,26 @@ class Kube:
             )
         return _dict(obj)
 
+    async def list_claims(self) -> tuple[list[dict[str, Any]], str]:
+        """Every ResourceClaim of the cluster, and the list's resourceVersion (to watch from)."""
+        from lightkube.resources.resource_v1 import ResourceClaim
+
+        async with _errors():
+            listing = self._client.list(ResourceClaim, namespace="*")
+            items = [_dict(obj) async for obj in listing]
+            return items, listing.resourceVersion
+
+    async def watch_claims(self, resource_version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(event type, claim) of every namespace from ``resource_version`` on; ends (or raises)
+        when the watch breaks."""
+        from lightkube.resources.resource_v1 import ResourceClaim
+
+        async with _errors():
+            async for kind, obj in self._client.watch(
+                ResourceClaim, namespace="*", resource_version=resource_version, server_timeout=300
+            ):
+                yield kind, _dict(obj)
+
     async def list_slices(self, driver: str, node: str) -> tuple[list[dict[str, Any]], str]:
         """The driver's slices of the node, and the list's resourceVersion (to watch from)."""
         from lightkube.resources.resource_v1 import ResourceSlice

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from devplug._dra.inventory import Inventory
     from devplug._dra.publisher import SlicePublisher
     from devplug._dra.servicer import DraStats
+    from devplug._runtime.ledger import Ledger
 
 
 class Driver(Protocol):
@@ -33,6 +34,7 @@ class Driver(Protocol):
     inventory: Inventory
     publisher: SlicePublisher | None
     registered: bool
+    ledger: Ledger | None
 
 
 class DraCollector(Collector):
@@ -77,6 +79,29 @@ class DraCollector(Collector):
         streams = GaugeMetricFamily("devplug_dra_health_streams", "Open health streams.", labels=["driver"])
         streams.add_metric([driver.driver], stats.health_streams)
         yield streams
+        yield from self._holders()
+
+    def _holders(self) -> Iterator[Metric]:
+        ledger, name = self._driver.ledger, self._driver.driver
+        if ledger is None:
+            return
+        held = GaugeMetricFamily(
+            "devplug_devices_held",
+            "Devices held now by a pod or claim, by the API that gave them (both APIs served, or "
+            "a node moving to DRA).",
+            labels=["driver", "api"],
+        )
+        for api, count in ledger.counts().items():
+            held.add_metric([name, api], count)
+        conflicts = CounterMetricFamily(
+            "devplug_device_conflicts",
+            "Requests refused because the other API holds the device: allocate (device-plugin "
+            "side), prepare (DRA side).",
+            labels=["driver", "side"],
+        )
+        for side in ("allocate", "prepare"):
+            conflicts.add_metric([name, side], ledger.conflicts[side])
+        yield from (held, conflicts)
 
     def _slices(self) -> Iterator[Metric]:
         driver, publisher = self._driver, self._driver.publisher

@@ -47,6 +47,7 @@ if sys.version_info < (3, 11):  # anyio depends on the backport there
 if TYPE_CHECKING:
     from devplug._dra.inventory import Inventory, Snapshot
     from devplug._dra.kube import Kube
+    from devplug._runtime.ledger import Ledger
     from devplug.models import CounterSet
 
 RESYNC = 60.0
@@ -68,8 +69,13 @@ class SlicePublisher:
         inventory: Inventory,
         log: Any,
         list_attributes: bool = False,
+        ledger: Ledger | None = None,
     ) -> None:
         self.kube = kube
+        self.ledger = ledger
+        """Both APIs (or the migration mode): devices held through the device plugin are
+        tainted ``<driver>/device-plugin`` (``NoSchedule``), left out where taints are dropped;
+        nothing is published before the holders are known."""
         self.list_attributes = list_attributes
         """The driver publishes list attributes (its ``list_attributes`` setting)."""
         self.driver = driver
@@ -129,6 +135,8 @@ class SlicePublisher:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._inform)
             tg.start_soon(self._follow_devices)
+            if self.ledger is not None:
+                tg.start_soon(self._follow_ledger, self.ledger)
             tg.start_soon(self._reconcile_loop)
 
     def _mark(self) -> None:
@@ -202,6 +210,13 @@ class SlicePublisher:
             version = snapshot.version
             self._mark()
 
+    async def _follow_ledger(self, ledger: Ledger) -> None:
+        version = 0
+        while True:
+            await ledger.changes.newer_than(version)
+            version = ledger.changes.version
+            self._mark()
+
     async def _reconcile_loop(self) -> None:
         backoff = Backoff(initial=0.1, maximum=30.0)
         seen = 0
@@ -217,6 +232,8 @@ class SlicePublisher:
             snapshot = self.inventory.current
             if not snapshot.complete:
                 continue  # a plugin has not listed its devices yet: publish nothing partial
+            if self.ledger is not None and not self.ledger.ready:
+                continue  # the holders of the other API are not known yet: offer nothing
             try:
                 await self._reconcile(snapshot)
             except Exception as exc:
@@ -242,6 +259,7 @@ class SlicePublisher:
             self.bindings_supported,
             self.partition_types_supported,
             self.lists_supported,
+            self.ledger.changes.version if self.ledger is not None else 0,
         )
         if self._wanted_cache is not None and self._wanted_cache[0] == key:
             return self._wanted_cache[1]
@@ -261,6 +279,9 @@ class SlicePublisher:
         for entry in snapshot.entries:
             if not self.taints_supported and not schedulable(entry.device):
                 continue  # no taints on this server: an unhealthy device is not offered at all
+            held = self.ledger.from_dra(entry.name) if self.ledger is not None else None
+            if held is not None and not self.taints_supported:
+                continue  # held through the device plugin, and no taint to say so: not offered
             if not self.counters_supported and entry.device.consumes_counters:
                 # Offered without its counters, a partition could be allocated to one claim and
                 # a partition overlapping it to another: it is not offered at all.
@@ -283,6 +304,7 @@ class SlicePublisher:
                         effect_none=self.effect_none_supported,
                         shares=self.shares_supported,
                         lists=lists,
+                        held=held is not None,
                     )
                 )
             except ValueError as exc:

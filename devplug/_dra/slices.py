@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from devplug.models import MAX_ATTRIBUTE_VALUES, MAX_ATTRIBUTES, Version
+from devplug.models import MAX_ATTRIBUTE_VALUES, MAX_ATTRIBUTES, MAX_TAINTS, Version
 from devplug.topology import NUMA_NODE_ATTRIBUTE
 
 if TYPE_CHECKING:
@@ -46,6 +46,9 @@ NUMA_ATTRIBUTE = "numaNode"
 ``resource.kubernetes.io/numaNode`` for selectors written before devplug published that."""
 RESOURCE_ATTRIBUTE = "resourceName"
 UNHEALTHY_TAINT = "unhealthy"
+HELD_TAINT = "device-plugin"
+"""``<driver>/device-plugin``: the device is held through the device-plugin API (both APIs
+served, or a node moving to DRA), until the pod holding it ends."""
 
 
 _LIST_FIELDS = {bool: "bools", int: "ints", str: "strings", Version: "versions"}
@@ -75,6 +78,7 @@ def device_entry(
     effect_none: bool = True,
     shares: bool = True,
     lists: bool = False,
+    held: bool = False,
 ) -> dict[str, Any]:
     """The ResourceSlice device for one inventory entry.
 
@@ -88,7 +92,9 @@ def device_entry(
     policies. ``lists`` (the driver's ``list_attributes``, where the server keeps them): list
     attributes are published, and ``resource.kubernetes.io/numaNode`` lists every NUMA node of
     the device; otherwise list attributes are left out (:func:`list_attributes` names them) and
-    ``numaNode`` is the first node.
+    ``numaNode`` is the first node. ``held`` (with ``taint_unhealthy``): a pod holds it through
+    the device-plugin API, so it carries the ``NoSchedule`` taint ``<driver>/device-plugin``
+    besides its own (the plugin's last taint gives way where there would be more than 16).
 
     Raises:
         ValueError: the device's attributes and capacities pass the API's limit of 32, or their
@@ -121,6 +127,8 @@ def device_entry(
         taints = [t.as_dict() for t in device.taints if effect_none or t.effect != "None"]
         if not device.taints and not device.healthy:
             taints = [{"key": f"{driver}/{UNHEALTHY_TAINT}", "effect": "NoSchedule"}]
+        if held:
+            taints = [*taints[: MAX_TAINTS - 1], {"key": f"{driver}/{HELD_TAINT}", "effect": "NoSchedule"}]
         if taints:
             out["taints"] = taints
     return out

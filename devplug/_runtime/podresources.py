@@ -10,17 +10,22 @@ asks before it gives a device away. Generated protobuf modules and grpc.aio, no 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import anyio
 import grpc
 
 from devplug._grpc_calls import await_call
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
-__all__ = ["SOCKET", "Holder", "Holders", "PodResourcesError", "read_holders"]
+    from devplug._runtime.ledger import Ledger
+
+__all__ = ["SOCKET", "Holder", "Holders", "PodResourcesError", "follow_pods", "read_holders"]
 
 SOCKET = "pod-resources/kubelet.sock"
 """The API's socket, relative to the kubelet's root directory."""
@@ -67,11 +72,11 @@ class Holders:
         }
 
 
-async def read_holders(socket: Path, *, timeout: float = CALL_TIMEOUT) -> Holders:
+async def read_holders(socket: Path, *, call_timeout: float = CALL_TIMEOUT) -> Holders:
     """List the kubelet's pods on ``socket`` and return who holds which device.
 
     Raises:
-        PodResourcesError: no answer within ``timeout``, or an error answer (the message says
+        PodResourcesError: no answer within ``call_timeout``, or an error answer (the message says
             which and names the socket).
     """
     from devplug._proto.podresources.v1 import api_pb2 as pb
@@ -80,7 +85,7 @@ async def read_holders(socket: Path, *, timeout: float = CALL_TIMEOUT) -> Holder
     try:
         async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
             stub = pb_grpc.PodResourcesListerStub(channel)
-            answer = await await_call(stub.List(pb.ListPodResourcesRequest(), timeout=timeout))
+            answer = await await_call(stub.List(pb.ListPodResourcesRequest(), timeout=call_timeout))
     except grpc.aio.AioRpcError as exc:
         code = exc.code().name if exc.code() is not None else "UNKNOWN"
         why = f"{code} {exc.details() or ''}".strip()
@@ -99,3 +104,44 @@ async def read_holders(socket: Path, *, timeout: float = CALL_TIMEOUT) -> Holder
                     key = (resource.driver_name, resource.pool_name, resource.device_name)
                     holders.dra.setdefault(key, []).append(holder)
     return holders
+
+
+READ_DELAY = 0.5
+"""Seconds between an Allocate and the read it asks for: the kubelet records the devices it
+assigned once the answer is back."""
+
+
+async def follow_pods(
+    socket: Path,
+    ledger: Ledger,
+    *,
+    interval: float,
+    log: Any,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Read ``socket`` every ``interval`` seconds (and soon after every Allocate) into
+    ``ledger``: the devices running pods hold through device plugins (the ledger matches them
+    to the devices it knows, whatever resource name gave them). Runs until cancelled.
+
+    A read that fails changes nothing in the ledger (nothing is released on a guess): it is
+    logged once per outage and retried, more often while it fails.
+    """
+    failing: str | None = None
+    wanted = ledger.reads_wanted.version
+    while True:
+        started = clock()
+        try:
+            holders = await read_holders(socket)
+        except PodResourcesError as exc:
+            if failing is None:
+                log.warning("pod_resources_unavailable", error=str(exc), keeping="the holders known")
+            failing = str(exc)
+        else:
+            if failing is not None:
+                log.info("pod_resources_available", socket=str(socket))
+            failing = None
+            ledger.pods(holders.plugin, read_at=started)
+        with anyio.move_on_after(min(interval, 1.0) if failing else interval):
+            await ledger.reads_wanted.newer_than(wanted)
+            await anyio.sleep(READ_DELAY)
+        wanted = ledger.reads_wanted.version

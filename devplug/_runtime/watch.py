@@ -90,7 +90,7 @@ class DirWatcher:
 
     @property
     def path(self) -> Path:
-        """The first directory watched (where a resource puts its sockets)."""
+        """The first directory watched."""
         return self.paths[0]
 
     @property

@@ -11,7 +11,9 @@ class overrides ``prepare_claim`` / ``unprepare_claim``.
 Run it with ``devplug run --api dra MODULE:CLASS``, ``devplug.dra.run(plugin)`` or
 ``devplug.run(plugin)`` with ``api=dra`` in the settings (``--api dra`` / ``DEVPLUG_API=dra``).
 The driver needs the node's name (``--node-name`` or ``NODE_NAME``) and the API server
-(``--kubeconfig``, else the pod's service account).
+(``--kubeconfig``, else the pod's service account). With ``--api device-plugin,dra`` the same
+plugin objects are served through both APIs at once (:class:`DualHost`), a device held through
+one withheld from the other until it is free.
 
 The types only a DRA driver uses are here: what a device declares for DRA (``CounterSet``,
 ``CounterConsumption``, ``DeviceTaint``, ``CapacityRequestPolicy``, beside ``Device`` in
@@ -27,6 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from devplug._dra.driver import DraDriver
+from devplug._main import DualHost
 from devplug.models import (
     AllocatedDevice,
     CapacityRequestPolicy,
@@ -60,6 +63,7 @@ __all__ = [
     "DeviceStatus",
     "DeviceTaint",
     "DraDriver",
+    "DualHost",
     "NetworkData",
     "OpaqueConfig",
     "PreparedDevice",
@@ -82,7 +86,8 @@ async def serve(
     """
     from devplug._main import serve as serve_main
 
-    await serve_main(plugins, settings.model_copy(update={"api": "dra"}), handle_signals=handle_signals)
+    api = settings.api if settings.serves_dra else "dra"  # both APIs stay both
+    await serve_main(plugins, settings.model_copy(update={"api": api}), handle_signals=handle_signals)
 
 
 def run(

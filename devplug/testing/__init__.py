@@ -3,17 +3,20 @@
 ``FakeKubelet`` serves ``v1beta1.Registration`` on a real unix socket, validates and answers
 registrations with the kubelet's texts, dials plugins back, follows their ListAndWatch streams
 and offers the calls the kubelet makes (Allocate, GetPreferredAllocation, PreStartContainer),
-restarts and the plugin-watcher path. With ``dra=True`` it is also the kubelet's DRA manager:
+restarts and the plugin-watcher path. It serves the kubelet's pod-resources API (v1
+``PodResourcesLister``) too, listing the pods a test names (:class:`PodRef`) with what it
+allocated and prepared for them. With ``dra=True`` it is also the kubelet's DRA manager:
 DRA drivers register through the plugin watcher, and the kubelet's NodePrepareResources,
 NodeUnprepareResources and health stream are offered, with the ResourceSlice wipes of a
 :class:`FakeKubeAPI`. The pytest plugin (``devplug.testing.pytest_plugin``,
 loaded automatically) adds a ``fake_kubelet`` fixture, and for DRA drivers ``fake_kube_api`` and
 ``fake_dra_kubelet``; :func:`serving` runs a plugin in the background of a test against the
-first, :func:`serving_dra` runs it as a DRA driver against the other two.
+first, :func:`serving_dra` runs it as a DRA driver against the other two, :func:`serving_both`
+through both APIs at once.
 :func:`run_conformance` runs a plugin command against a private fake kubelet and checks what the
 kubelet relies on; :func:`run_dra_conformance` does the same for a DRA driver.
 
-Apart from :func:`serving` and :func:`serving_dra`, this package talks to plugins only over
+Apart from the three serving helpers, this package talks to plugins only over
 gRPC: it does not depend on devplug's runtime, so it tests plugins written with anything.
 """
 
@@ -33,8 +36,9 @@ if typing.TYPE_CHECKING:
         HealthReport,
     )
     from devplug.testing._kubelet.kubelet import FakeKubelet
+    from devplug.testing._kubelet.pods import PodRef
     from devplug.testing._kubelet.resource import Registration, ResourceView
-    from devplug.testing._serving import serving, serving_dra
+    from devplug.testing._serving import serving, serving_both, serving_dra
     from devplug.testing.conformance import (
         CHECKS,
         DRA_CHECKS,
@@ -60,12 +64,14 @@ __all__ = [
     "FakeKubelet",
     "Fault",
     "HealthReport",
+    "PodRef",
     "RecordedRequest",
     "Registration",
     "ResourceView",
     "run_conformance",
     "run_dra_conformance",
     "serving",
+    "serving_both",
     "serving_dra",
 ]
 
@@ -79,9 +85,11 @@ _HOMES = {
     "RecordedRequest": "devplug.testing._kubeapi.faults",
     "AllocationError": "devplug.testing._kubeapi.scheduler",
     "FakeKubelet": "devplug.testing._kubelet.kubelet",
+    "PodRef": "devplug.testing._kubelet.pods",
     "Registration": "devplug.testing._kubelet.resource",
     "ResourceView": "devplug.testing._kubelet.resource",
     "serving": "devplug.testing._serving",
+    "serving_both": "devplug.testing._serving",
     "serving_dra": "devplug.testing._serving",
     **dict.fromkeys(
         (

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from devplug import DevicePlugin, Plugins, Runner, Settings
-    from devplug.dra import DraDriver
+    from devplug.dra import DraDriver, DualHost
     from devplug.testing._kubeapi.server import FakeKubeAPI
     from devplug.testing._kubelet.kubelet import FakeKubelet
 
@@ -121,4 +121,54 @@ async def serving_dra(
         with anyio.fail_after(30):
             await driver.wait_started()
         yield driver
+        tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def serving_both(
+    plugins: DevicePlugin | list[DevicePlugin],
+    kube_api: FakeKubeAPI,
+    kubelet: FakeKubelet,
+    **overrides: Any,
+) -> AsyncIterator[DualHost]:
+    """Run ``plugins`` through both APIs (``api=device-plugin,dra``) while the block runs, with
+    ``kubelet`` (a :class:`FakeKubelet` in DRA mode) as the node's kubelet: the device-plugin
+    side registers on its ``kubelet.sock``, the DRA driver with its plugin watcher, the holders
+    are read from its pod-resources API. Stopped (as on SIGTERM) on exit.
+
+    Yields the :class:`devplug.dra.DualHost`: ``dra`` (the driver), ``device_plugin`` (its
+    ``resources``), ``ledger`` (who holds what), ``readiness()`` and ``debug_state()``.
+
+    Raises:
+        ValueError: ``kubelet`` is not in DRA mode.
+    """
+    from devplug import Settings
+    from devplug.dra import DualHost
+
+    registry = kubelet.plugins_registry_dir
+    if registry is None or kubelet._dra is None:
+        raise ValueError("serving_both needs a FakeKubelet in DRA mode (dra=True, plugins_registry_dir)")
+    root = registry.parent
+    if not any(n["metadata"]["name"] == kubelet.node_name for n in kube_api.nodes()):
+        kube_api.add_node(kubelet.node_name)
+    values: dict[str, Any] = {
+        "api": "device-plugin,dra",
+        "kubelet_root": root,
+        "device_plugin_dir": kubelet.device_plugin_dir,
+        "plugins_registry_dir": registry,
+        "node_name": kubelet.node_name,
+        "kubeconfig": kube_api.write_kubeconfig(root / "kubeconfig"),
+        "cdi_dir": root / "cdi",
+        "retry_initial": 0.02,
+        "retry_max": 0.2,
+        "shutdown_grace": 0.2,
+        "pod_resources_interval": 1.0,
+    }
+    settings = Settings(**(values | overrides))
+    host = DualHost(plugins if isinstance(plugins, list) else [plugins], settings)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(partial(host.run, handle_signals=False))
+        with anyio.fail_after(30):
+            await host.wait_started()
+        yield host
         tg.cancel_scope.cancel()

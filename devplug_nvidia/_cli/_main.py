@@ -15,6 +15,7 @@ import structlog
 import devplug
 from devplug import install_signals, run_async
 from devplug._extras import require_dra
+from devplug._settings_groups import BOTH_APIS
 from devplug._text import os_error_text
 from devplug._version import version
 from devplug.errors import ConfigError, DevplugError, config_error_in
@@ -86,6 +87,13 @@ def _run(args: list[str], roots: FakeRoots) -> int:
         if settings.metrics_address:
             require_prometheus()
         configure_logging(settings.log_format, settings.log_level)
+        if settings.api == BOTH_APIS:
+            # Its device-plugin resources (MIG strategies, replicas) and its DRA devices are built
+            # by two different discoveries; one ledger over both is not there yet.
+            raise ConfigError(
+                "--api device-plugin,dra is not supported by devplug-nvidia yet: run --api dra with "
+                "--withhold-device-plugin-pods to move a node from the device plugin to DRA"
+            )
         if settings.api == "dra":
             require_dra()
             from devplug_nvidia.dra import run_dra

@@ -70,7 +70,7 @@ LAYOUTS = {
     "overlays/plugin-watcher": Layout(DEFAULT_KUBELET_ROOT, "watcher"),
 }
 OTHER_KUSTOMIZATIONS = ("runtimeclass",)
-DRA_KUSTOMIZATIONS = ("dra", "dra/example")
+DRA_KUSTOMIZATIONS = ("dra", "dra/example", "dra-both-apis")
 """Checked in test_manifests_dra.py: resource.k8s.io/v1 objects, which need Kubernetes 1.34."""
 NVIDIA_DRA_KUSTOMIZATIONS = (
     "nvidia-dra",

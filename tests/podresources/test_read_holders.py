@@ -104,4 +104,4 @@ async def test_no_kubelet_is_a_clear_error(short_dir: Path) -> None:
     with pytest.raises(
         PodResourcesError, match=f"pod-resources API on {socket} did not answer List: UNAVAILABLE"
     ):
-        await read_holders(socket, timeout=1)
+        await read_holders(socket, call_timeout=1)

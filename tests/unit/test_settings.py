@@ -213,6 +213,22 @@ def test_describe_fields_keeps_explicit_descriptions() -> None:
 # the interface of every command: grouping the fields must leave each of them as it was.
 INTERFACE: list[tuple[str, str, str, object, str, object]] = [
     ("api", "--api", "DEVPLUG_API", "device-plugin", "dra", "dra"),
+    (
+        "withhold_device_plugin_pods",
+        "--withhold-device-plugin-pods",
+        "DEVPLUG_WITHHOLD_DEVICE_PLUGIN_PODS",
+        False,
+        "true",
+        True,
+    ),
+    (
+        "pod_resources_interval",
+        "--pod-resources-interval",
+        "DEVPLUG_POD_RESOURCES_INTERVAL",
+        10.0,
+        "2.5",
+        2.5,
+    ),
     ("kubelet_root", "--kubelet-root", "DEVPLUG_KUBELET_ROOT", Path("/var/lib/kubelet"), "/k", Path("/k")),
     (
         "device_plugin_dir",

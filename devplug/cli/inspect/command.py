@@ -31,6 +31,7 @@ from devplug.cli.inspect.client import (
     follow_until_signalled,
 )
 from devplug.cli.inspect.dra_client import detect
+from devplug.cli.inspect.holders import DEFAULT_SOCKET, plugin_holders, socket_to_read
 from devplug.logging import configure as configure_logging
 
 if TYPE_CHECKING:
@@ -84,6 +85,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         type=_claim,
         action="append",
         help="DRA: NodeUnprepareResources for this claim (after --prepare's call when both are given)",
+    )
+    parser.add_argument(
+        "--pod-resources",
+        metavar="SOCKET",
+        help=(
+            "the kubelet's pod-resources socket: adds a HOLDER column, the pod holding each device "
+            f"(default: {DEFAULT_SOCKET} where it exists)"
+        ),
     )
     parser.add_argument("--json", action="store_true", help="one JSON document (JSON lines with --watch)")
     parser.add_argument(
@@ -141,6 +150,10 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if args.watch and (calls or dra_calls):
         parser.error(
             "--watch cannot be combined with --allocate, --preferred, --pre-start or --prepare/--unprepare"
+        )
+    if args.pod_resources is not None and not os.path.exists(args.pod_resources):
+        parser.error(
+            f"--pod-resources {args.pod_resources}: no such file (the kubelet's is {DEFAULT_SOCKET})"
         )
     if args.preferred is None:
         if args.must_include or args.size is not None:
@@ -204,7 +217,7 @@ async def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     try:
         options = await connection.options()
         if args.watch:
-            return await _watch(connection, options, args.json, out)
+            return await _watch(connection, options, args, out)
         devices = await connection.next_list(within=args.timeout)
         if devices is None:
             raise InspectError(
@@ -224,13 +237,14 @@ async def _once(
     args: argparse.Namespace,
     out: TextIO,
 ) -> int:
+    holders = await plugin_holders(socket_to_read(args.pod_resources), args.timeout)
     doc: dict[str, Any] = {
         "socket": connection.path,
         "options": render.options_json(options),
-        "devices": render.devices_json(devices),
+        "devices": render.devices_json(devices, holders),
     }
     text = [f"socket: {connection.path}", render.options_text(options), f"devices: {render.summary(devices)}"]
-    text.append(render.table(devices))
+    text.append(render.table(devices, holders=holders))
     error: str | None = None
     try:
         if args.preferred is not None:
@@ -276,7 +290,12 @@ async def _once(
     return 0
 
 
-async def _watch(connection: PluginConnection, options: PluginOptions, as_json: bool, out: TextIO) -> int:
+async def _watch(
+    connection: PluginConnection, options: PluginOptions, args: argparse.Namespace, out: TextIO
+) -> int:
+    as_json = args.json
+    pod_resources = socket_to_read(args.pod_resources)
+
     def emit(text: str, doc: dict[str, Any]) -> None:
         print(json.dumps(doc) if as_json else text, file=out, flush=True)
 
@@ -297,13 +316,14 @@ async def _watch(connection: PluginConnection, options: PluginOptions, as_json: 
             now = datetime.now(timezone.utc)
             changed = render.changes(previous, devices) if previous is not None else ""
             header = f"{now.astimezone():%H:%M:%S.%f}"[:-3] + f"  list {seq}: {render.summary(devices)}"
+            holders = await plugin_holders(pod_resources, connection.timeout)
             emit(
-                f"{header}{'; ' + changed if changed else ''}\n{render.table(devices)}",
+                f"{header}{'; ' + changed if changed else ''}\n{render.table(devices, holders=holders)}",
                 {
                     "event": "list",
                     "seq": seq,
                     "time": now.isoformat().replace("+00:00", "Z"),
-                    "devices": render.devices_json(devices),
+                    "devices": render.devices_json(devices, holders),
                 },
             )
             previous = devices

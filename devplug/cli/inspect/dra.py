@@ -21,9 +21,11 @@ import anyio
 from devplug._text import counted
 from devplug.cli.inspect.client import InspectError, follow_until_signalled
 from devplug.cli.inspect.dra_client import DraConnection, DraTarget
+from devplug.cli.inspect.holders import dra_holders, socket_to_read
 
 if TYPE_CHECKING:
     import argparse
+    from pathlib import Path
 
     from devplug.models import ClaimRef
     from devplug.testing._kubelet.dra_resource import ClaimResult, HealthReport
@@ -111,7 +113,15 @@ async def run(target: DraTarget, args: argparse.Namespace, out: TextIO) -> int:
     error: str | None = None
     try:
         if args.watch:
-            return await _watch(connection, target, lines=lines, doc=doc, as_json=args.json, out=out)
+            return await _watch(
+                connection,
+                target,
+                lines=lines,
+                doc=doc,
+                as_json=args.json,
+                out=out,
+                pod_resources=socket_to_read(args.pod_resources),
+            )
         prepare, unprepare = args.prepare or [], args.unprepare or []
         if not prepare and not unprepare:
             answered = await connection.prepare(service, [])
@@ -166,6 +176,7 @@ async def _watch(
     doc: dict[str, Any],
     as_json: bool,
     out: TextIO,
+    pod_resources: Path | None = None,
 ) -> int:
     from devplug.testing._kubelet.dra_validation import HEALTH_V1, HEALTH_V1ALPHA1, health_service
 
@@ -190,19 +201,22 @@ async def _watch(
         flush=True,
     )
 
+    driver = str(target.info["name"]) if target.info is not None and target.info.get("name") else None
+
     async def follow() -> None:
         seq = 0
         async for reports in connection.health(service):
             seq += 1
             now = datetime.now(timezone.utc)
+            holders = await dra_holders(pod_resources, connection.timeout, driver)
             if as_json:
                 event = {"event": "health", "seq": seq, "time": now.isoformat().replace("+00:00", "Z")}
-                print(
-                    json.dumps({**event, "devices": [_report_json(r) for r in reports]}), file=out, flush=True
-                )
+                devices = [_report_json(r, holders) for r in reports]
+                print(json.dumps({**event, "devices": devices}), file=out, flush=True)
             else:
                 stamp = f"{now.astimezone():%H:%M:%S.%f}"[:-3]
-                print(f"{stamp}  message {seq}: {_summary(reports)}\n{_table(reports)}", file=out, flush=True)
+                table = _table(reports, holders)
+                print(f"{stamp}  message {seq}: {_summary(reports)}\n{table}", file=out, flush=True)
 
     failure = await follow_until_signalled(follow)
     if failure is not None:
@@ -211,8 +225,8 @@ async def _watch(
     return 0
 
 
-def _report_json(r: HealthReport) -> dict[str, Any]:
-    return {
+def _report_json(r: HealthReport, holders: dict[str, str] | None = None) -> dict[str, Any]:
+    doc: dict[str, Any] = {
         "pool": r.pool,
         "device": r.device,
         "health": r.health,
@@ -220,6 +234,9 @@ def _report_json(r: HealthReport) -> dict[str, Any]:
         "timeout_seconds": r.timeout_seconds,
         "message": r.message,
     }
+    if holders is not None:
+        doc["holder"] = holders.get(f"{r.pool}/{r.device}")
+    return doc
 
 
 def _summary(reports: tuple[HealthReport, ...]) -> str:
@@ -228,21 +245,17 @@ def _summary(reports: tuple[HealthReport, ...]) -> str:
     return counted(len(reports), "device") + (f", {health}" if health else "")
 
 
-def _table(reports: tuple[HealthReport, ...]) -> str:
+def _table(reports: tuple[HealthReport, ...], holders: dict[str, str] | None = None) -> str:
     if not reports:
         return "  (no devices)"
-    rows = [("DEVICE", "HEALTH", "TIMEOUT", "MESSAGE")]
-    rows += [
-        (
-            f"{r.pool}/{r.device}",
-            r.health,
-            f"{r.timeout_seconds}s" if r.timeout_seconds > 0 else "30s",
-            r.message,
-        )
-        for r in reports
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    rows = [("DEVICE", "HEALTH", "TIMEOUT", *(("HOLDER",) if holders is not None else ()), "MESSAGE")]
+    for r in reports:
+        name = f"{r.pool}/{r.device}"
+        timeout = f"{r.timeout_seconds}s" if r.timeout_seconds > 0 else "30s"
+        holder = (holders.get(name, "-"),) if holders is not None else ()
+        rows.append((name, r.health, timeout, *holder, r.message))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join(
-        f"  {a.ljust(widths[0])}  {b.ljust(widths[1])}  {c.ljust(widths[2])}  {d}".rstrip()
-        for a, b, c, d in rows
+        ("  " + "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])).rstrip()
+        for row in rows
     )

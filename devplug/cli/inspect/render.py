@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from devplug.cli.inspect.client import SeenDevice
     from devplug.models import PluginOptions
@@ -20,12 +20,23 @@ def options_json(options: PluginOptions) -> dict[str, bool]:
     }
 
 
-def devices_json(devices: Sequence[SeenDevice]) -> list[dict[str, Any]]:
-    """Devices as sent; ``healthy`` is the kubelet's reading of ``health``."""
-    return [
-        {"id": d.id, "health": d.health, "healthy": d.healthy, "numa_nodes": list(d.numa_nodes)}
-        for d in devices
-    ]
+def devices_json(
+    devices: Sequence[SeenDevice], holders: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Devices as sent; ``healthy`` is the kubelet's reading of ``health``; with ``holders``
+    (from pod-resources), ``holder``: the pod holding it, None when free."""
+    out = []
+    for d in devices:
+        doc: dict[str, Any] = {
+            "id": d.id,
+            "health": d.health,
+            "healthy": d.healthy,
+            "numa_nodes": list(d.numa_nodes),
+        }
+        if holders is not None:
+            doc["holder"] = holders.get(d.id)
+        out.append(doc)
+    return out
 
 
 def options_text(options: PluginOptions) -> str:
@@ -38,11 +49,12 @@ def summary(devices: Sequence[SeenDevice]) -> str:
     return f"{len(devices)} device{'' if len(devices) == 1 else 's'}, {healthy} healthy"
 
 
-def table(devices: Sequence[SeenDevice], indent: str = "  ") -> str:
-    """The device table: health as sent, quoted with a note when it is not an exact kubelet string."""
+def table(devices: Sequence[SeenDevice], indent: str = "  ", holders: Mapping[str, str] | None = None) -> str:
+    """The device table: health as sent, quoted with a note when it is not an exact kubelet
+    string; with ``holders`` (from pod-resources) a HOLDER column, ``-`` for a free device."""
     if not devices:
         return f"{indent}(no devices)"
-    rows = [("ID", "HEALTH", "NUMA")]
+    rows = [("ID", "HEALTH", "NUMA", *(("HOLDER",) if holders is not None else ()))]
     odd = False
     for d in devices:
         health = d.health
@@ -50,9 +62,13 @@ def table(devices: Sequence[SeenDevice], indent: str = "  ") -> str:
             # The kubelet compares case-sensitively: "healthy" or "" counts as unhealthy.
             health = f"{health!r} (not exact: unhealthy to the kubelet)"
             odd = True
-        rows.append((d.id, health, ",".join(map(str, d.numa_nodes)) or "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(2)]
-    lines = [f"{indent}{r[0].ljust(widths[0])}  {r[1].ljust(widths[1])}  {r[2]}".rstrip() for r in rows]
+        row = (d.id, health, ",".join(map(str, d.numa_nodes)) or "-")
+        rows.append((*row, holders.get(d.id, "-")) if holders is not None else row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = [
+        indent + "  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]).rstrip()
+        for r in rows
+    ]
     if odd:
         lines.append(f'{indent}only "Healthy" and "Unhealthy" are valid health strings')
     return "\n".join(lines)

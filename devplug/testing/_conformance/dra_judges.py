@@ -34,6 +34,7 @@ DRA_CHECKS: Mapping[str, str] = MappingProxyType({
     "unprepare_unknown_claim": "unpreparing a claim never prepared succeeds",
     "entry_per_claim": "one entry per requested claim in every answer, and no other",
     "shared_devices": "a shared device prepares a share for each of two claims, each naming its share",
+    "both_apis": "serving both APIs: what one gives is withheld from the other within 1 s",
     "slices_restored_after_wipe": "the slices are back within 5 s after a kubelet restart deleted them",
     "health_full_list": "NodeWatchResources (when advertised) lists every published device",
     "sigterm_clean": "SIGTERM: exit status 0 within 2 s, sockets removed",

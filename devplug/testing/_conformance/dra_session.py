@@ -20,6 +20,7 @@ from asyncinotify import Inotify, Mask
 
 from devplug._text import counted
 from devplug.testing._conformance import dra_judges as judge
+from devplug.testing._conformance.dra_both import BothSteps
 from devplug.testing._conformance.dra_claims import CALL_TIMEOUT, ClaimSteps, Stop
 from devplug.testing._conformance.dra_judges import DRA_CHECKS
 from devplug.testing._kubeapi.server import FakeKubeAPI
@@ -41,7 +42,7 @@ RESTORE_WITHIN = 5.0
 SIGTERM_GRACE = 2.0
 
 
-class DraSession(ClaimSteps):
+class DraSession(ClaimSteps, BothSteps):
     """Runs one DRA driver command against a fresh FakeKubeAPI and FakeKubelet; collects the outcomes."""
 
     def __init__(
@@ -97,6 +98,7 @@ class DraSession(ClaimSteps):
                             await self._slices()
                             await self._claims()
                             await self._shares()
+                            await self._both()
                             await self._health()
                             await self._wipe()
                         except (Stop, PluginExited) as stop:

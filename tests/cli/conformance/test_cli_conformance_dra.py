@@ -13,7 +13,15 @@ from tests.cli.conformance.test_cli_conformance import conformance, table
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = str(ROOT / "tests" / "testing" / "conformance" / "dra_script_driver.py")
-FAKE = [sys.executable, "-m", "devplug_fake", "--api", "dra", "--driver-name", "fake.example.com"]
+FAKE = [
+    sys.executable,
+    "-m",
+    "devplug_fake",
+    "--api",
+    "device-plugin,dra",
+    "--driver-name",
+    "fake.example.com",
+]
 PLACES = ["--kubelet-root", "{kubelet_root}", "--cdi-dir", "{cdi_dir}"]
 
 
@@ -22,9 +30,9 @@ def test_devplug_fake_as_a_dra_driver_passes() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "driver: fake.example.com" in result.stdout
     rows = table(result.stdout)
-    assert len(rows) == 12
+    assert len(rows) == 13
     assert {mark for mark, _ in rows.values()} == {"PASS"}
-    assert "12 passed, 0 failed, 0 skipped" in result.stdout
+    assert "13 passed, 0 failed, 0 skipped" in result.stdout
 
 
 def test_json_report_of_a_broken_driver() -> None:

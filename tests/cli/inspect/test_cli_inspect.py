@@ -335,3 +335,71 @@ async def test_health_strings_shown_as_sent(short_dir: Path) -> None:
         with anyio.fail_after(5):
             assert await process.wait() == 0
     assert not path.exists()
+
+
+async def test_holder_column_from_the_kubelet_s_pod_resources(short_dir: Path) -> None:
+    dp = short_dir / "dp"
+    async with FakeKubelet(dp) as kubelet:
+        command = [sys.executable, "-m", "devplug_fake", "--device-plugin-dir", str(dp), "--count", "3"]
+        process = await anyio.open_process(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT
+        )
+        async with process:
+            try:
+                reg = await kubelet.wait_for_registration(RESOURCE, timeout=15)
+                await kubelet.wait_for_devices(RESOURCE)
+                await kubelet.allocate(RESOURCE, ["fake-1"], pod="team-a/train-0")
+                assert kubelet.pod_resources_socket is not None
+                socket_path = str(dp / reg.endpoint)
+                code, out, err = await inspect(
+                    socket_path, "--pod-resources", str(kubelet.pod_resources_socket)
+                )
+                assert code == 0, err
+                rows = [line.split(None, 3) for line in out.splitlines()[3:]]
+                assert rows == [
+                    ["ID", "HEALTH", "NUMA", "HOLDER"],
+                    ["fake-0", "Healthy", "-", "-"],
+                    ["fake-1", "Healthy", "-", "team-a/train-0 (container main)"],
+                    ["fake-2", "Healthy", "-", "-"],
+                ]
+                code, out, err = await inspect(
+                    socket_path, "--json", "--pod-resources", str(kubelet.pod_resources_socket)
+                )
+                assert code == 0, err
+                holders = {d["id"]: d["holder"] for d in json.loads(out)["devices"]}
+                assert holders == {
+                    "fake-0": None,
+                    "fake-1": "team-a/train-0 (container main)",
+                    "fake-2": None,
+                }
+                # A socket that does not answer: the table without the column, one line on stderr.
+                dead = short_dir / "dead.sock"
+                dead.write_text("")
+                code, out, err = await inspect(socket_path, "--pod-resources", str(dead))
+                assert code == 0, err
+                assert out.splitlines()[3].split() == ["ID", "HEALTH", "NUMA"]
+                assert "no HOLDER column" in err
+            finally:
+                signal_child(process, signal.SIGTERM)
+                with anyio.fail_after(5):
+                    await process.wait()
+
+
+def test_a_pod_resources_path_that_is_not_there_exits_2(short_dir: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "devplug",
+            "inspect",
+            str(short_dir / "x.sock"),
+            "--pod-resources",
+            "/nonexistent/kubelet.sock",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode == 2
+    assert "--pod-resources /nonexistent/kubelet.sock: no such file" in result.stderr

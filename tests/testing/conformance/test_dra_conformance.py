@@ -32,7 +32,8 @@ def statuses(report: ConformanceReport) -> dict[str, str]:
 
 
 async def test_devplug_fake_as_a_dra_driver_passes() -> None:
-    command = [sys.executable, "-m", "devplug_fake", "--api", "dra", "--driver-name", "fake.example.com"]
+    command = [sys.executable, "-m", "devplug_fake", "--api", "device-plugin,dra"]
+    command += ["--driver-name", "fake.example.com"]
     report = await run_dra_conformance(
         [*command, "--shares", "2", "--kubelet-root", "{kubelet_root}", "--cdi-dir", "{cdi_dir}"]
     )
@@ -40,6 +41,7 @@ async def test_devplug_fake_as_a_dra_driver_passes() -> None:
     assert [r.name for r in report.results] == list(DRA_CHECKS)
     assert all(r.status == "pass" for r in report.results), report.results
     assert report.result("shared_devices").reason == "2 shares of fake-1 prepared and unprepared"
+    assert report.result("both_apis").reason.startswith("withheld from DRA"), report.results
     assert re.fullmatch(r"1 slice, \d+ devices", report.result("slices_published").reason), report.results
     assert report.resource == "fake.example.com"
     assert report.api == "dra"
@@ -51,8 +53,15 @@ async def test_a_correct_driver_program_passes() -> None:
     assert report.passed, (report.failures, report.output_tail)
     assert report.resource == "script.example.com"
     # It publishes no shared device: that check has nothing to look at.
-    assert {n: s for n, s in statuses(report).items() if s != "pass"} == {"shared_devices": "skip"}
+    assert {n: s for n, s in statuses(report).items() if s != "pass"} == {
+        "shared_devices": "skip",
+        "both_apis": "skip",
+    }
     assert report.result("shared_devices").reason == "the driver publishes no shared device"
+    assert (
+        report.result("both_apis").reason
+        == "no device-plugin resource registered: the driver serves DRA only"
+    )
 
 
 @pytest.mark.parametrize(
