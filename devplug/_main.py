@@ -124,7 +124,12 @@ def host_for(
 
 class DualHost(Host):
     """Serves plugins through the device-plugin API and DRA at once (``api=device-plugin,dra``),
-    from the same plugin objects, with one ledger of who holds which device.
+    with one ledger of who holds which device.
+
+    ``plugins`` serve both APIs; a backend whose DRA devices come from other objects (NVIDIA's
+    DRA plugin beside its device-plugin resources) passes those as ``dra_plugins``: the ledger
+    matches the two sides' devices by resource name and device ID (a device ID unique among the
+    DRA devices matches under any resource name; ``<id>::<n>`` names device ``<id>``).
 
     ``dra`` is the DRA service (its driver, inventory, publisher, checkpoint), ``device_plugin``
     the device-plugin one (its ``resources``), ``ledger`` the holders: a device a pod holds
@@ -140,6 +145,7 @@ class DualHost(Host):
         plugins: Sequence[DevicePlugin],
         settings: Settings,
         *,
+        dra_plugins: Sequence[DevicePlugin] | None = None,
         readiness: Iterable[Readiness] = (),
         reload: Reload | None = None,
     ) -> None:
@@ -147,8 +153,12 @@ class DualHost(Host):
         from devplug._dra.driver import DraService
         from devplug._runtime.ledger import Ledger
 
+        if dra_plugins is not None and reload is not None:
+            raise ValueError("reload cannot be combined with dra_plugins (one plugin set per reload)")
         self.ledger = Ledger()
-        self.dra = DraService(plugins, settings, ledger=self.ledger)
+        self.dra = DraService(
+            dra_plugins if dra_plugins is not None else plugins, settings, ledger=self.ledger
+        )
         self.device_plugin = DevicePluginService(list(plugins), settings, ledger=self.ledger)
         super().__init__([self.dra, self.device_plugin], settings, readiness=readiness, reload=reload)
 

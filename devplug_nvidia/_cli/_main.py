@@ -31,6 +31,7 @@ from devplug_nvidia.discovery import GPU_RESOURCE, InitStatus, discover_or_idle,
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
+    from devplug import DevicePlugin
     from devplug_nvidia._container._allocate import ImexChannel
     from devplug_nvidia._device_plugin._sharing import SharedResource
     from devplug_nvidia._gpu._health import HealthMonitor
@@ -87,18 +88,12 @@ def _run(args: list[str], roots: FakeRoots) -> int:
         if settings.metrics_address:
             require_prometheus()
         configure_logging(settings.log_format, settings.log_level)
-        if settings.api == BOTH_APIS:
-            # Its device-plugin resources (MIG strategies, replicas) and its DRA devices are built
-            # by two different discoveries; one ledger over both is not there yet.
-            raise ConfigError(
-                "--api device-plugin,dra is not supported by devplug-nvidia yet: run --api dra with "
-                "--withhold-device-plugin-pods to move a node from the device plugin to DRA"
-            )
-        if settings.api == "dra":
+        if settings.api != "device-plugin":
             require_dra()
             from devplug_nvidia.dra import run_dra
 
-            return run_dra(settings, PROG, started=roots.log_trees)
+            both = settings.api == BOTH_APIS
+            return run_both(settings, roots) if both else run_dra(settings, PROG, started=roots.log_trees)
         plugins, monitor = prepare(settings)
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
@@ -131,6 +126,50 @@ def _run(args: list[str], roots: FakeRoots) -> int:
         print(f"{PROG}: {refusal}", file=sys.stderr)
         return 2
     return 0
+
+
+def run_both(settings: NvidiaSettings, roots: FakeRoots) -> int:
+    """``--api device-plugin,dra``: the device plugin's resources (MIG strategy, sharing, as
+    without DRA) and the DRA driver ``gpu.nvidia.com`` from one process, with one ledger of who
+    holds which GPU (the two sides' devices match by UUID). No reload on SIGHUP: the two sides'
+    plugins come from two discoveries.
+
+    Raises:
+        ConfigError, DevplugError, OSError: as a start of either API alone (the caller says so).
+    """
+    from devplug_nvidia.dra import NvidiaDraPlugin, serving_settings
+
+    settings = serving_settings(settings)
+    dra_plugin = NvidiaDraPlugin.from_settings(settings)
+    plugins, monitor = prepare(settings)
+    roots.log_trees()
+    try:
+        run_async(partial(serve_both, plugins, dra_plugin, settings, monitor))
+    except Exception as exc:
+        refusal = config_error_in(exc)
+        if refusal is None:
+            raise
+        print(f"{PROG}: {refusal}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def serve_both(
+    plugins: Sequence[NvidiaPlugin],
+    dra_plugin: DevicePlugin,
+    settings: NvidiaSettings,
+    monitor: HealthMonitor | None,
+) -> None:
+    """Serve ``plugins`` through the device-plugin API and ``dra_plugin`` as the DRA driver
+    until SIGTERM / SIGINT, the health monitor beside them."""
+    from devplug.dra import DualHost
+
+    async with anyio.create_task_group() as tg:
+        if monitor is not None:
+            tg.start_soon(monitor.run)
+        host = DualHost(plugins, settings, dra_plugins=[dra_plugin], readiness=[init_readiness])
+        await host.run()
+        tg.cancel_scope.cancel()
 
 
 def prepare(

@@ -69,14 +69,16 @@ class BothSteps:
         resources = sorted({r.resource for r in kubelet.registrations if r.accepted})
         if not resources:
             return "skip", "no device-plugin resource registered: the driver serves DRA only"
-        resource = resources[0]
-        try:
-            await kubelet.wait_for_devices(resource, timeout=REGISTERED_WITHIN)
-        except TimeoutError:
-            return "fail", f"{resource} registered but sent no device list"
-        healthy = [d.id for d in kubelet.resource(resource).devices if d.health == "Healthy"]
-        if len(healthy) < 2:
-            return "skip", f"{resource} lists fewer than 2 healthy devices: nothing to give on both sides"
+        for resource in resources:  # the first with 2 healthy devices: one for each side
+            try:
+                await kubelet.wait_for_devices(resource, timeout=REGISTERED_WITHIN)
+            except TimeoutError:
+                return "fail", f"{resource} registered but sent no device list"
+            healthy = [d.id for d in kubelet.resource(resource).devices if d.health == "Healthy"]
+            if len(healthy) >= 2:
+                break
+        else:
+            return "skip", "no device-plugin resource lists 2 healthy devices: nothing to give on both sides"
         to_dra = await self._withheld_from_dra(resource, healthy[0])
         if isinstance(to_dra, tuple):
             return to_dra

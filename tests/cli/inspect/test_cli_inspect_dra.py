@@ -261,3 +261,35 @@ async def test_watch_on_a_registration_that_advertises_no_health_says_so(short_d
         f"devplug inspect: {raw.dra_socket} advertises no DRAResourceHealth service (supported "
         "versions: v1.DRAPlugin); the kubelet watches the health only of plugins that do"
     )
+
+
+def test_the_health_table_has_a_holder_column_when_pod_resources_answer() -> None:
+    from devplug.cli.inspect.dra import _report_json, _table
+    from devplug.testing import HealthReport
+
+    reports = (
+        HealthReport("node-1", "dev-0", "Healthy"),
+        HealthReport("node-1", "dev-1", "Unhealthy", timeout_seconds=5, message="fell off"),
+    )
+    holders = {"node-1/dev-1": "team-a/train-0 (container main)"}
+    header, free, held = _table(reports, holders).splitlines()
+    assert header.split() == ["DEVICE", "HEALTH", "TIMEOUT", "HOLDER", "MESSAGE"]
+    assert free.split() == ["node-1/dev-0", "Healthy", "30s", "-"]
+    assert held.split(None, 3) == [
+        "node-1/dev-1",
+        "Unhealthy",
+        "5s",
+        "team-a/train-0 (container main)  fell off",
+    ]
+    assert header.index("HOLDER") == held.index("team-a") and header.index("MESSAGE") == held.index(
+        "fell off"
+    )
+    assert [line.split()[0] for line in _table(reports).splitlines()] == [
+        "DEVICE",
+        "node-1/dev-0",
+        "node-1/dev-1",
+    ]
+    assert "HOLDER" not in _table(reports)
+    assert _report_json(reports[1], holders)["holder"] == "team-a/train-0 (container main)"
+    assert _report_json(reports[0], holders)["holder"] is None
+    assert "holder" not in _report_json(reports[0])

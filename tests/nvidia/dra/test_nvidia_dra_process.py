@@ -107,3 +107,18 @@ async def test_the_dra_conformance_checks_pass_on_a_mig_machine(short_dir: Path)
     ]  # fmt: skip
     report = await run_dra_conformance(command, driver=DRIVER, env=nvidia_env(), timeout=30)
     assert report.passed, (report.failures, report.output_tail)
+
+
+@pytest.mark.parametrize("model", ["dgx-a100", "mig-mixed"])
+async def test_both_apis_from_one_process_pass_the_dra_conformance_checks(short_dir: Path, model: str) -> None:
+    """--api device-plugin,dra: the device plugin's resources and gpu.nvidia.com, one ledger (the
+    check both_apis: a GPU given through one API is withheld from the other within 1 s)."""
+    root = write_root(MODELS[model], short_dir / "root")
+    command = [
+        sys.executable, "-m", "devplug_nvidia", "--api", "device-plugin,dra", "--fake-nvml", model,
+        "--driver-root", str(root), "--node-name", "{node}", "--kubeconfig", "{kubeconfig}",
+        "--kubelet-root", "{kubelet_root}", "--cdi-root", "{cdi_dir}", "--mig-strategy", "mixed",
+    ]  # fmt: skip
+    report = await run_dra_conformance(command, driver=DRIVER, env=nvidia_env(), timeout=30)
+    assert report.passed, (report.failures, report.output_tail)
+    assert report.result("both_apis").status == "pass", report.results
