@@ -110,7 +110,7 @@ async def test_the_dra_conformance_checks_pass_on_a_mig_machine(short_dir: Path)
 
 
 @pytest.mark.parametrize("model", ["dgx-a100", "mig-mixed"])
-async def test_both_apis_from_one_process_pass_the_dra_conformance_checks(short_dir: Path, model: str) -> None:
+async def test_both_apis_from_one_process_pass_the_dra_checks(short_dir: Path, model: str) -> None:
     """--api device-plugin,dra: the device plugin's resources and gpu.nvidia.com, one ledger (the
     check both_apis: a GPU given through one API is withheld from the other within 1 s)."""
     root = write_root(MODELS[model], short_dir / "root")
