@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -115,13 +115,8 @@ async def serving_dra(
     settings = Settings(**(values | overrides))
     # The kubelet's plugin watcher creates plugins_registry/ at start; the driver waits for it.
     await anyio.Path(settings.plugins_registry_dir).mkdir(parents=True, exist_ok=True)
-    driver = DraDriver(plugins if isinstance(plugins, list) else [plugins], settings)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(partial(driver.run, handle_signals=False))
-        with anyio.fail_after(30):
-            await driver.wait_started()
+    async with _running(DraDriver(plugins if isinstance(plugins, list) else [plugins], settings)) as driver:
         yield driver
-        tg.cancel_scope.cancel()
 
 
 @asynccontextmanager
@@ -165,7 +160,16 @@ async def serving_both(
         "pod_resources_interval": 1.0,
     }
     settings = Settings(**(values | overrides))
-    host = DualHost(plugins if isinstance(plugins, list) else [plugins], settings)
+    async with _running(DualHost(plugins if isinstance(plugins, list) else [plugins], settings)) as host:
+        yield host
+
+
+H = TypeVar("H", "DraDriver", "DualHost")
+
+
+@asynccontextmanager
+async def _running(host: H) -> AsyncIterator[H]:
+    """``host`` serving in the background (30 s to start) while the block runs, then stopped."""
     async with anyio.create_task_group() as tg:
         tg.start_soon(partial(host.run, handle_signals=False))
         with anyio.fail_after(30):

@@ -29,7 +29,7 @@ from devplug_nvidia.config import NvidiaSettings, load_nvidia_settings
 from devplug_nvidia.discovery import GPU_RESOURCE, InitStatus, discover_or_idle, nvml_source
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
 
     from devplug import DevicePlugin
     from devplug_nvidia._container._allocate import ImexChannel
@@ -115,11 +115,16 @@ def _run(args: list[str], roots: FakeRoots) -> int:
         new_settings = _load(args, roots)
         return new_settings, prepare(new_settings, monitor=monitor)[0]
 
+    return _served(partial(serve, plugins, settings, monitor, reload=reload))
+
+
+def _served(serving: Callable[[], Awaitable[None]]) -> int:
+    """Run ``serving`` until SIGTERM: 0, or 2 when the runner refuses to start (an insecure
+    directory, a metrics port in use) with a ConfigError, which the health monitor's task group
+    wraps in an exception group."""
     try:
-        run_async(partial(serve, plugins, settings, monitor, reload=reload))
+        run_async(serving)
     except Exception as exc:
-        # The runner refuses to start (an insecure directory, a metrics port in use) with a
-        # ConfigError, which the health monitor's task group wraps in an exception group.
         refusal = config_error_in(exc)
         if refusal is None:
             raise
@@ -143,15 +148,7 @@ def run_both(settings: NvidiaSettings, roots: FakeRoots) -> int:
     dra_plugin = NvidiaDraPlugin.from_settings(settings)
     plugins, monitor = prepare(settings)
     roots.log_trees()
-    try:
-        run_async(partial(serve_both, plugins, dra_plugin, settings, monitor))
-    except Exception as exc:
-        refusal = config_error_in(exc)
-        if refusal is None:
-            raise
-        print(f"{PROG}: {refusal}", file=sys.stderr)
-        return 2
-    return 0
+    return _served(partial(serve_both, plugins, dra_plugin, settings, monitor))
 
 
 async def serve_both(
