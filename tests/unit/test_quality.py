@@ -34,3 +34,12 @@ def test_clean(args: tuple[str, ...]) -> None:
         [_tool(args[0]), *args[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_test_modules_have_unique_names() -> None:
+    """Test directories are not packages, so pytest imports each test module under its file name
+    alone: two files of one name stop the collection of the whole run ("import file mismatch")."""
+    names: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {n: p for n, p in names.items() if len(p) > 1} == {}
