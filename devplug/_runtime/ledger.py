@@ -41,9 +41,11 @@ __all__ = ["ALLOCATE_GRACE", "Ledger", "PluginKey", "Withheld"]
 PluginKey = tuple[str, str]
 """(resource name, device ID): a device as the device-plugin API names it."""
 
-ALLOCATE_GRACE = 30.0
-"""Seconds a device given by Allocate stays held without a pod-resources read listing it (the
-kubelet records the assignment after the answer, and a pod admitted later may still list it)."""
+ALLOCATE_GRACE = 5.0
+"""Seconds a device given by Allocate stays held while no pod-resources read lists it. The
+kubelet records the assignment as soon as the answer is back (a read moments later lists it),
+so this only covers a kubelet slow to do so; a pod that ended, or whose admission failed after
+the Allocate, frees its device once a read started this long after the Allocate misses it."""
 
 REPLICA_SEPARATOR = "::"
 """Replicated devices (NVIDIA's time-slicing: ``<uuid>::<n>``) name the device before it."""

@@ -79,7 +79,12 @@ def test_the_author_guide_plugin_and_its_tests_pass(fpga_project: Path) -> None:
     # Files the guide names (``# test_fpga_dra.py``, ``# fpga_attacher.py``): the DRA driver's
     # tests, and the modules they import.
     named = [b for b in AUTHOR if b.file_name and b.file_name != "fpga.py"]
-    assert {b.file_name for b in named} >= {"test_fpga_dra.py", "test_dra_conformance.py", "fpga_attacher.py"}
+    assert {b.file_name for b in named} >= {
+        "test_fpga_dra.py",
+        "test_fpga_both.py",
+        "test_dra_conformance.py",
+        "fpga_attacher.py",
+    }
     for block in named:
         assert not (fpga_project / str(block.file_name)).exists(), f"{block}: a second {block.file_name}"
         (fpga_project / str(block.file_name)).write_text(block.text)
@@ -93,7 +98,7 @@ def test_the_author_guide_plugin_and_its_tests_pass(fpga_project: Path) -> None:
         env=environment(),
     )
     assert result.returncode == 0, result.stdout[-3000:]
-    assert "7 passed" in result.stdout
+    assert "8 passed" in result.stdout
 
 
 def command_lines() -> list[tuple[Block, str]]:
