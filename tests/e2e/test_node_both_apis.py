@@ -42,8 +42,8 @@ RESOURCE = "example.com/fake"
 HELD_TAINT = f"{FAKE_DRIVER}/device-plugin"
 LIFETIMES = 200
 """Pods created, each living once."""
-CONCURRENT = 6
-"""Pods at most pending or running at once (4 devices: some wait)."""
+CONCURRENT = 9
+"""Pods at most pending or running at once (6 or 8 devices: some wait)."""
 BUDGET = 600.0
 """Seconds the random run may take."""
 LABEL = "devplug-e2e=both-apis"
@@ -69,7 +69,7 @@ class Scenario:
 
 
 def _fake_flags(node: Node, tmp: Path) -> list[str]:
-    return [*both_flags(node), "--count", "4", "--pod-resources-interval", "1"]
+    return [*both_flags(node), "--count", "6", "--pod-resources-interval", "1"]
 
 
 def _nvidia_flags(node: Node, tmp: Path) -> list[str]:
@@ -83,7 +83,7 @@ def _nvidia_flags(node: Node, tmp: Path) -> list[str]:
 
 SCENARIOS = {
     "devplug-fake": Scenario(
-        "devplug-fake", _fake_flags, RESOURCE, FAKE_DRIVER, 4, "d=$FAKE_VISIBLE_DEVICES"
+        "devplug-fake", _fake_flags, RESOURCE, FAKE_DRIVER, 6, "d=$FAKE_VISIBLE_DEVICES"
     ),
     # Both APIs reach the container through CDI: its GPUs are the /dev/nvidiaN nodes it has.
     "devplug-nvidia": Scenario(
@@ -213,7 +213,7 @@ def test_random_pods_of_both_apis_never_share_a_device(node: Node, tmp_path: Pat
                         break
                     kind = rng.choice(["plugin", "claim"])
                     pod_name = f"both-{len(created) + len(batch):03d}-{kind}"
-                    batch.append(pod(pod_name, kind, rng.uniform(0.5, 2.5), scenario))
+                    batch.append(pod(pod_name, kind, rng.uniform(0.2, 1.2), scenario))
                 if batch:
                     node.apply(*batch)
                     created.update(
