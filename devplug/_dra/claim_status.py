@@ -100,17 +100,7 @@ class StatusWriter:
                 return self._failed(wish, exc)
             except Exception as exc:  # not the API server's answer: logged, retried, never fatal
                 self.errors += 1
-                delay = wish.backoff.next()
-                wish.due = anyio.current_time() + delay
-                self._log.exception(
-                    "claim_status_failed",
-                    object=f"resourceclaims/{ref.namespace}/{ref.name}/status",
-                    verb="patch",
-                    status="error",
-                    error=f"{type(exc).__name__}: {exc}",
-                    retry_in=round(delay, 1),
-                )
-                return False
+                return self._retry_later(wish, "error", f"{type(exc).__name__}: {exc}", traceback=True)
         wish.due = anyio.current_time() + wish.backoff.next()
         self._log.warning(
             "claim_status_conflicts",
@@ -169,16 +159,25 @@ class StatusWriter:
                 note="not retried",
             )
             return True
+        return self._retry_later(wish, exc.status_label, str(exc))
+
+    def _retry_later(self, wish: _Wish, status: str, error: str, *, traceback: bool = False) -> bool:
+        """Log a failed write (with the traceback of an unexpected error) and schedule the next
+        try of ``wish`` after its back-off; False: something is left to do for it."""
         delay = wish.backoff.next()
         wish.due = anyio.current_time() + delay
-        self._log.warning(
-            "claim_status_failed",
-            object=f"{obj}/status",
-            verb="patch",
-            status=exc.status_label,
-            error=str(exc),
-            retry_in=round(delay, 1),
-        )
+        ref = wish.ref
+        fields = {
+            "object": f"resourceclaims/{ref.namespace}/{ref.name}/status",
+            "verb": "patch",
+            "status": status,
+            "error": error,
+            "retry_in": round(delay, 1),
+        }
+        if traceback:
+            self._log.exception("claim_status_failed", **fields)
+        else:
+            self._log.warning("claim_status_failed", **fields)
         return False
 
 

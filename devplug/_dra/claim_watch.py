@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from devplug._dra.allocation import AllocationError, parse_allocation
 from devplug._dra.kube import KubeError
 from devplug._runtime.backoff import Backoff
 
@@ -25,20 +26,15 @@ __all__ = ["devices_of", "follow_claims"]
 
 def devices_of(claim: dict[str, Any], driver: str, pool: str) -> list[str]:
     """The device names the claim's allocation gives it from ``driver``'s ``pool`` (admin
-    access, which takes nothing, left out); empty when it has none."""
-    status = claim.get("status") if isinstance(claim, dict) else None
-    allocation = status.get("allocation") if isinstance(status, dict) else None
-    devices = allocation.get("devices") if isinstance(allocation, dict) else None
-    results = devices.get("results") if isinstance(devices, dict) else None
-    names: list[str] = []
-    for result in results if isinstance(results, list) else ():
-        if not isinstance(result, dict) or result.get("adminAccess") is True:
-            continue
-        if result.get("driver") == driver and result.get("pool") == pool:
-            name = result.get("device")
-            if isinstance(name, str) and name:
-                names.append(name)
-    return names
+    access, which takes nothing, left out); empty when it has none. A claim whose allocation is
+    malformed (the prepare would refuse it) is read as holding nothing of this pool."""
+    try:
+        allocation = parse_allocation(claim)
+    except AllocationError:
+        return []
+    if allocation is None:
+        return []
+    return [r.device for r in allocation.results_of(driver) if r.pool == pool and not r.admin_access]
 
 
 def _identity(claim: dict[str, Any]) -> tuple[str, str] | None:

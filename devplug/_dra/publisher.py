@@ -213,8 +213,8 @@ class SlicePublisher:
     async def _follow_ledger(self, ledger: Ledger) -> None:
         version = 0
         while True:
-            await ledger.changes.newer_than(version)
-            version = ledger.changes.version
+            await ledger.plugin_changes.newer_than(version)
+            version = ledger.plugin_changes.version
             self._mark()
 
     async def _reconcile_loop(self) -> None:
@@ -259,7 +259,7 @@ class SlicePublisher:
             self.bindings_supported,
             self.partition_types_supported,
             self.lists_supported,
-            self.ledger.changes.version if self.ledger is not None else 0,
+            self.ledger.plugin_changes.version if self.ledger is not None else 0,
         )
         if self._wanted_cache is not None and self._wanted_cache[0] == key:
             return self._wanted_cache[1]

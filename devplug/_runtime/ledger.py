@@ -89,7 +89,10 @@ class Ledger:
         self._cache: tuple[int, dict[_Element, Withheld], dict[_Element, Withheld]] | None = None
         self._listeners: list[Callable[[], None]] = []
         self.changes = Versioned(0)
-        """Bumped by every change of a hold or of the devices' footprints."""
+        """Bumped by every change of a hold, of the devices' footprints, or of readiness."""
+        self.plugin_changes = Versioned(0)
+        """Bumped when what DRA must withhold may have changed: the device-plugin holds, the
+        footprints, readiness (the slice publisher follows it)."""
         self.conflicts: Counter[str] = Counter()
         """Refusals by side: ``allocate`` (the device-plugin side refused a device DRA holds),
         ``prepare`` (the DRA side refused one the device-plugin side holds)."""
@@ -104,7 +107,9 @@ class Ledger:
     # -- feeding ---------------------------------------------------------------------------------
 
     def listen(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback`` after every change; returns what stops it."""
+        """Call ``callback`` (sync, on the event loop) after every change of what the
+        device-plugin side must withhold: the DRA holds, the footprints, readiness. An Allocate's
+        own hold does not call it. Returns what stops it."""
         self._listeners.append(callback)
         return lambda: self._listeners.remove(callback) if callback in self._listeners else None
 
@@ -121,14 +126,14 @@ class Ledger:
         ids = Counter(device_id for _, device_id in by_key)
         self._by_id = {device_id: key for key in by_key if ids[(device_id := key[1])] == 1}
         self._keys = {key: name for name, key in names.items()}
-        self._changed()
+        self._changed(plugin_side=True, dra_side=True)
 
     def allocated(self, resource: str, device_ids: Iterable[str]) -> None:
         """The device-plugin side gave ``device_ids`` (Allocate), their pod not known yet."""
         now = self._clock()
         for device_id in device_ids:
             self._allocated[(resource, device_id)] = now
-        self._changed()
+        self._changed(plugin_side=True)
         self.reads_wanted.bump()
 
     def pods(self, held: Mapping[PluginKey, Sequence[object]], *, read_at: float) -> None:
@@ -144,7 +149,7 @@ class Ledger:
         if pods == self._pods and allocated == self._allocated and not first:
             return
         self._pods, self._allocated = pods, allocated
-        self._changed()
+        self._changed(plugin_side=True, dra_side=first)
 
     def claims(self, allocated: Mapping[str, tuple[str, Iterable[str]]]) -> None:
         """Every claim allocated devices of this driver's pool, by UID: (``namespace/name``,
@@ -155,29 +160,31 @@ class Ledger:
         if claims == self._claims_allocated and not first:
             return
         self._claims_allocated = claims
-        self._changed()
+        self._changed(plugin_side=first, dra_side=True)
 
     def claim(self, uid: str, ref: str, names: Iterable[str] | None) -> None:
         """One claim's allocation changed (a watch event): its device names, None when it is
         gone or no longer allocated devices of this pool."""
         if names is None:
             if self._claims_allocated.pop(uid, None) is not None:
-                self._changed()
+                self._changed(dra_side=True)
             return
         value = (ref, frozenset(names))
         if self._claims_allocated.get(uid) != value:
             self._claims_allocated[uid] = value
-            self._changed()
+            self._changed(dra_side=True)
 
     def prepared(self, uid: str, ref: str, names: Iterable[str]) -> None:
         """The DRA side prepared (or is preparing) claim ``uid`` with these devices."""
-        self._claims_prepared[uid] = (ref, frozenset(names))
-        self._changed()
+        value = (ref, frozenset(names))
+        if self._claims_prepared.get(uid) != value:
+            self._claims_prepared[uid] = value
+            self._changed(dra_side=True)
 
     def unprepared(self, uid: str) -> None:
         """Claim ``uid`` was unprepared (or its prepare failed)."""
         if self._claims_prepared.pop(uid, None) is not None:
-            self._changed()
+            self._changed(dra_side=True)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -253,11 +260,16 @@ class Ledger:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _changed(self) -> None:
+    def _changed(self, *, plugin_side: bool = False, dra_side: bool = False) -> None:
+        """A change of the device-plugin holds (``plugin_side``: what DRA withholds) or of the
+        DRA holds (``dra_side``: what the device-plugin side withholds), or both."""
         self._cache = None
         self.changes.bump()
-        for callback in list(self._listeners):
-            callback()
+        if plugin_side:
+            self.plugin_changes.bump()
+        if dra_side:
+            for callback in list(self._listeners):
+                callback()
 
     def _resolve(self, key: PluginKey) -> PluginKey | None:
         """The published device a device-plugin key names: itself; the device a replica ID

@@ -91,21 +91,34 @@ def test_a_replica_id_holds_the_device_it_names() -> None:
     assert ledger.from_dra("gpu-GPU-abc") is not None
 
 
-def test_ready_once_both_sides_were_read_and_every_change_is_announced() -> None:
-    ledger, clock = ledger_with(Device(id="0"))
+def test_ready_once_both_sides_were_read_and_every_change_is_announced_to_its_side() -> None:
+    ledger, clock = ledger_with(Device(id="0"), Device(id="1"))
     calls: list[int] = []
     stop = ledger.listen(lambda: calls.append(ledger.changes.version))
+    plugin_side = ledger.plugin_changes.version
     assert not ledger.ready
     ledger.pods({}, read_at=clock.now)
     assert not ledger.ready
     ledger.claims({})
     assert ledger.ready
-    assert len(calls) == 2
+    assert len(calls) == 2  # readiness concerns both sides
+    assert ledger.plugin_changes.version == plugin_side + 2
     ledger.pods({}, read_at=clock.now)  # nothing changed: no announcement
     assert len(calls) == 2
-    stop()
+    # An Allocate changes what DRA withholds, not what the device-plugin side does.
     ledger.allocated(R, ["0"])
     assert len(calls) == 2
+    assert ledger.plugin_changes.version == plugin_side + 3
+    # A claim changes what the device-plugin side withholds, not what DRA does.
+    ledger.claim("u", "ns/c", ["gpu-1"])
+    assert len(calls) == 3
+    assert ledger.plugin_changes.version == plugin_side + 3
+    ledger.prepared("u", "ns/c", ["gpu-1"])
+    ledger.prepared("u", "ns/c", ["gpu-1"])  # the same again: no announcement
+    assert len(calls) == 4
+    stop()
+    ledger.unprepared("u")
+    assert len(calls) == 4
 
 
 def test_a_refusal_is_counted_every_time_and_logged_once_per_device_and_holder() -> None:
